@@ -1,0 +1,113 @@
+//! The execution trait every backend implements (CPU here, CUDA in `kda-cuda`).
+//!
+//! **Why layer-level.** The trait's unit of work is a whole layer call (sequence forward or
+//! decode step), not one op. A GPU backend wins by fusing across ops — conv + gate + L2 norm +
+//! recurrence + gated norm in one decode kernel — which an op-by-op trait would forbid or
+//! force through device-to-device round trips. The ops themselves are still public functions
+//! in [`crate::ops`], each tested against the reference, and a conformance suite compares every
+//! backend's layer output against the CPU one on the same fixtures.
+//!
+//! **Buffers are associated types** (generic over the borrow's lifetime), so the CPU backend
+//! works on `&[f32]` slices while a GPU backend takes device allocations for activations,
+//! caches and workspace. Offsets (`cu_seqlens`) are always host slices: they are validated on
+//! the host before any launch.
+
+use crate::cache::CachesMut;
+use crate::config::KdaConfig;
+use crate::error::KdaError;
+use crate::layer::{self, InitialCaches};
+use crate::weights::KdaWeights;
+
+/// A device that can run KDA layers.
+pub trait KdaBackend {
+    /// The backend's error; every core validation error converts into it.
+    type Error: From<KdaError> + core::fmt::Debug;
+    /// Layer weights as the backend stores them.
+    type Weights<'a>;
+    /// Input rows `[T, hidden]`.
+    type Input<'a>;
+    /// Output rows `[T, hidden]`.
+    type Output<'a>;
+    /// The caches of `N` sequences (layouts of [`crate::cache`]).
+    type Caches<'a>;
+    /// Scratch memory for one call.
+    type Workspace<'a>;
+
+    /// Workspace (in the units of [`Self::Workspace`]) for a forward over up to `tokens` tokens.
+    fn forward_workspace_len(&self, cfg: &KdaConfig, tokens: usize) -> Result<usize, Self::Error>;
+
+    /// Workspace for a decode step over `batch` sequences.
+    fn decode_workspace_len(&self, cfg: &KdaConfig, batch: usize) -> Result<usize, Self::Error>;
+
+    /// Sequence forward over packed sequences (see [`layer::forward`] for the contract).
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &mut self,
+        cfg: &KdaConfig,
+        weights: &Self::Weights<'_>,
+        x: Self::Input<'_>,
+        cu_seqlens: &[usize],
+        caches: Self::Caches<'_>,
+        init: InitialCaches,
+        out: Self::Output<'_>,
+        workspace: Self::Workspace<'_>,
+    ) -> Result<(), Self::Error>;
+
+    /// One token for each of `N` sequences (see [`layer::decode_step`]).
+    fn decode_step(
+        &mut self,
+        cfg: &KdaConfig,
+        weights: &Self::Weights<'_>,
+        x: Self::Input<'_>,
+        caches: Self::Caches<'_>,
+        out: Self::Output<'_>,
+        workspace: Self::Workspace<'_>,
+    ) -> Result<(), Self::Error>;
+}
+
+/// The single-threaded, allocation-free CPU backend over borrowed slices.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Cpu;
+
+impl KdaBackend for Cpu {
+    type Error = KdaError;
+    type Weights<'a> = KdaWeights<'a>;
+    type Input<'a> = &'a [f32];
+    type Output<'a> = &'a mut [f32];
+    type Caches<'a> = CachesMut<'a>;
+    type Workspace<'a> = &'a mut [f32];
+
+    fn forward_workspace_len(&self, cfg: &KdaConfig, tokens: usize) -> Result<usize, KdaError> {
+        layer::forward_workspace_len(cfg, tokens)
+    }
+
+    fn decode_workspace_len(&self, cfg: &KdaConfig, batch: usize) -> Result<usize, KdaError> {
+        layer::decode_workspace_len(cfg, batch)
+    }
+
+    fn forward(
+        &mut self,
+        cfg: &KdaConfig,
+        weights: &KdaWeights<'_>,
+        x: &[f32],
+        cu_seqlens: &[usize],
+        caches: CachesMut<'_>,
+        init: InitialCaches,
+        out: &mut [f32],
+        workspace: &mut [f32],
+    ) -> Result<(), KdaError> {
+        layer::forward(cfg, weights, x, cu_seqlens, caches, init, out, workspace)
+    }
+
+    fn decode_step(
+        &mut self,
+        cfg: &KdaConfig,
+        weights: &KdaWeights<'_>,
+        x: &[f32],
+        caches: CachesMut<'_>,
+        out: &mut [f32],
+        workspace: &mut [f32],
+    ) -> Result<(), KdaError> {
+        layer::decode_step(cfg, weights, x, caches, out, workspace)
+    }
+}

@@ -1,0 +1,68 @@
+//! # kda-core
+//!
+//! Kimi Delta Attention — the gated delta-rule linear attention of Kimi Linear and Kimi K3 —
+//! as a `no_std`, allocation-free layer over caller-provided slices.
+//!
+//! * [`KdaConfig`] fixes the shapes and gate forms; [`KdaWeights`] borrows the checkpoint's
+//!   tensors (f32, bf16 or f16, `[out, in]` row-major).
+//! * The caller owns every buffer and asks the core how big each must be:
+//!   [`KdaConfig::state_len`], [`KdaConfig::conv_state_len`], [`forward_workspace_len`],
+//!   [`decode_workspace_len`].
+//! * Entry points: [`forward`] (packed sequences by `cu_seqlens`) and [`decode_step`]
+//!   (one token for each of N sequences), also behind the [`KdaBackend`] trait.
+//! * Every component is its own tested function in [`ops`]: the gate in `ops/gate.rs`, the
+//!   conv in `ops/conv.rs`, the recurrence in `ops/recurrent.rs`, the norms in `ops/norm.rs`.
+//!
+//! Errors are values ([`KdaError`]), never panics. NaN or ±∞ in inputs propagate to outputs.
+//!
+//! ```
+//! use kda_core::*;
+//! let cfg = KdaConfig::kimi_k3(8, 1, 4);
+//! // Tiny all-f32 weights, every one 0.1 (real ones come from a checkpoint).
+//! let (hd, d, k, w) = (cfg.hidden, cfg.proj_dim(), cfg.head_dim, cfg.conv_width);
+//! let big = [0.1f32; 64];
+//! let m = |r, c| MatRef::new("w", Data::F32(&big[..r * c]), r, c).unwrap();
+//! let weights = KdaWeights {
+//!     q_proj: m(d, hd), k_proj: m(d, hd), v_proj: m(d, hd),
+//!     q_conv: Data::F32(&big[..d * w]), k_conv: Data::F32(&big[..d * w]),
+//!     v_conv: Data::F32(&big[..d * w]),
+//!     a_log: Some(Data::F32(&big[..1])), dt_bias: None,
+//!     decay_proj: GateWeights::LowRank { down: m(k, hd), up: m(d, k) },
+//!     b_proj: m(1, hd), output_gate: GateWeights::FullRank(m(d, hd)),
+//!     o_norm: Data::F32(&big[..k]), o_proj: m(hd, d),
+//! };
+//! let mut state = [0.0f32; 16];
+//! let (mut cq, mut ck, mut cv) = ([0.0f32; 12], [0.0f32; 12], [0.0f32; 12]);
+//! let caches = CachesMut { recurrent: &mut state, conv_q: &mut cq, conv_k: &mut ck, conv_v: &mut cv };
+//! let mut ws = [0.0f32; 256];
+//! assert!(forward_workspace_len(&cfg, 3).unwrap() <= ws.len());
+//! let x = [0.5f32; 3 * 8];
+//! let mut out = [0.0f32; 3 * 8];
+//! forward(&cfg, &weights, &x, &[0, 3], caches, InitialCaches::Zero, &mut out, &mut ws).unwrap();
+//! assert!(out.iter().all(|v| v.is_finite()));
+//! ```
+#![cfg_attr(not(test), no_std)]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod layer;
+pub mod math;
+pub mod ops;
+pub mod weights;
+
+pub use backend::{Cpu, KdaBackend};
+pub use cache::{k_first_to_v_first, v_first_to_k_first, CachesMut};
+pub use config::{DecayGate, GateProj, KdaConfig};
+pub use error::KdaError;
+pub use layer::{
+    decode_step, decode_workspace_len, forward, forward_workspace_len, validate_offsets,
+    InitialCaches,
+};
+pub use weights::{Data, GateWeights, KdaWeights, MatRef};
+
+/// Re-export of the `half` crate's float types used by [`Data`].
+pub use half::{bf16, f16};

@@ -1,0 +1,204 @@
+//! Short causal depthwise convolution with SiLU (fla's `ShortConvolution`, spec §7).
+//!
+//! For channel `c` at time `t`: `y = silu(Σ_{i<W} w[c,i] · s[t−(W−1)+i, c])`, where the stream
+//! `s` is the channel's conv state followed by the raw inputs; `w[c, W−1]` hits the current token.
+//!
+//! **Conv-state layout** (one sequence, one of q/k/v): `[D, W−1]` f32, channel-major, each
+//! channel's last `W−1` raw (pre-conv) inputs **oldest first**; zeros stand for history before
+//! the sequence started. (fla keeps `W` slots, the oldest never read; vLLM keeps `W−1` as here.)
+
+use crate::error::{check_len, KdaError};
+use crate::math::silu;
+use crate::weights::Data;
+
+fn check(
+    x_len: usize,
+    d: usize,
+    weight: &Data<'_>,
+    state: &[f32],
+) -> Result<(usize, usize), KdaError> {
+    if d == 0 {
+        return Err(KdaError::Config {
+            field: "conv channels",
+            reason: "must be at least 1",
+        });
+    }
+    if weight.len() % d != 0 || weight.is_empty() {
+        return Err(KdaError::Length {
+            arg: "conv weight",
+            expected: d * (weight.len() / d).max(1),
+            actual: weight.len(),
+        });
+    }
+    let w = weight.len() / d;
+    check_len("conv state", state.len(), d * (w - 1))?;
+    if x_len % d != 0 {
+        return Err(KdaError::Length {
+            arg: "conv x",
+            expected: x_len - x_len % d,
+            actual: x_len,
+        });
+    }
+    Ok((w, x_len / d))
+}
+
+/// Scratch (f32 elements) that [`short_conv_prefill`] needs for conv width `w`.
+pub fn short_conv_prefill_scratch(w: usize) -> usize {
+    w.saturating_sub(1)
+}
+
+/// Runs the conv over `T` rows of one sequence **in place**: `x` is `[T, d]` raw inputs on
+/// entry and activated outputs on return; `weight` is `[d, W]`; `state` `[d, W−1]` is read as
+/// the history and replaced by the last `W−1` raw inputs of the stream.
+pub fn short_conv_prefill(
+    x: &mut [f32],
+    d: usize,
+    weight: Data<'_>,
+    state: &mut [f32],
+    scratch: &mut [f32],
+) -> Result<(), KdaError> {
+    let (w, t_len) = check(x.len(), d, &weight, state)?;
+    let hist = w - 1;
+    if scratch.len() < hist {
+        return Err(KdaError::TooSmall {
+            arg: "conv scratch",
+            needed: hist,
+            actual: scratch.len(),
+        });
+    }
+    let tmp = &mut scratch[..hist];
+    for c in 0..d {
+        let st = &mut state[c * hist..(c + 1) * hist];
+        let wc = weight.slice(c * w, w);
+        // Stream position j ∈ [−hist, T): history for j < 0, raw input otherwise.
+        let at = |x: &[f32], st: &[f32], j: isize| -> f32 {
+            if j < 0 {
+                st[(hist as isize + j) as usize]
+            } else {
+                x[j as usize * d + c]
+            }
+        };
+        // The new state is the stream's last `hist` entries: save before overwriting x.
+        for (i, slot) in tmp.iter_mut().enumerate() {
+            *slot = at(x, st, t_len as isize - hist as isize + i as isize);
+        }
+        // Descending t: output t overwrites raw t only after every later output has read it.
+        for t in (0..t_len).rev() {
+            let mut acc = 0.0f32;
+            for i in 0..w {
+                acc += wc.at(i) * at(x, st, t as isize - hist as isize + i as isize);
+            }
+            x[t * d + c] = silu(acc);
+        }
+        st.copy_from_slice(tmp);
+    }
+    Ok(())
+}
+
+/// One decode step for one token: `x` `[d]` raw in, activated out; `state` `[d, W−1]` shifts
+/// left by one and takes the raw input as its newest entry.
+pub fn short_conv_step(x: &mut [f32], weight: Data<'_>, state: &mut [f32]) -> Result<(), KdaError> {
+    let d = x.len();
+    let (w, _) = check(x.len(), d, &weight, state)?;
+    let hist = w - 1;
+    for c in 0..d {
+        let wc = weight.slice(c * w, w);
+        let st = &mut state[c * hist..(c + 1) * hist];
+        let raw = x[c];
+        let mut acc = 0.0f32;
+        for (i, s) in st.iter().enumerate() {
+            acc += wc.at(i) * s;
+        }
+        acc += wc.at(hist) * raw;
+        if hist > 0 {
+            st.copy_within(1.., 0);
+            st[hist - 1] = raw;
+        }
+        x[c] = silu(acc);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    fn reference(x: &[f32], d: usize, w: &[f32], st: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let k = w.len() / d;
+        let t_len = x.len() / d;
+        let mut out = std::vec![0.0; x.len()];
+        let mut new_st = std::vec![0.0; st.len()];
+        for c in 0..d {
+            let mut stream: Vec<f64> = st[c * (k - 1)..(c + 1) * (k - 1)].iter().map(|&v| v as f64).collect();
+            stream.extend((0..t_len).map(|t| x[t * d + c] as f64));
+            for t in 0..t_len {
+                let acc: f64 = (0..k).map(|i| w[c * k + i] as f64 * stream[t + i]).sum();
+                out[t * d + c] = (acc / (1.0 + (-acc).exp())) as f32;
+            }
+            for i in 0..k - 1 {
+                new_st[c * (k - 1) + i] = stream[stream.len() - (k - 1) + i] as f32;
+            }
+        }
+        (out, new_st)
+    }
+
+    #[test]
+    fn prefill_and_steps_match_reference_for_several_widths() {
+        for &(d, w, t_len) in &[(3usize, 4usize, 7usize), (2, 4, 2), (5, 1, 4), (4, 2, 1), (3, 6, 3)] {
+            let mut s = 1u32;
+            let mut r = || {
+                s = s.wrapping_mul(1103515245).wrapping_add(12345);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
+            };
+            let x: Vec<f32> = (0..d * t_len).map(|_| r()).collect();
+            let wt: Vec<f32> = (0..d * w).map(|_| r()).collect();
+            let st0: Vec<f32> = (0..d * (w - 1)).map(|_| r()).collect();
+            let (want, want_st) = reference(&x, d, &wt, &st0);
+
+            let mut y = x.clone();
+            let mut st = st0.clone();
+            let mut scratch = std::vec![0.0; short_conv_prefill_scratch(w)];
+            short_conv_prefill(&mut y, d, Data::F32(&wt), &mut st, &mut scratch).unwrap();
+            for (a, b) in y.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-6);
+            }
+            for (a, b) in st.iter().zip(&want_st) {
+                assert_eq!(a, b);
+            }
+
+            let mut st = st0.clone();
+            for t in 0..t_len {
+                let mut row = x[t * d..(t + 1) * d].to_vec();
+                short_conv_step(&mut row, Data::F32(&wt), &mut st).unwrap();
+                for c in 0..d {
+                    assert!((row[c] - want[t * d + c]).abs() < 1e-6);
+                }
+            }
+            assert_eq!(st, want_st);
+        }
+    }
+
+    #[test]
+    fn bad_lengths_are_errors() {
+        let wt = [0.5f32; 8];
+        let mut st = [0.0f32; 5];
+        let mut x = [1.0f32; 4];
+        let mut scratch = [0.0f32; 3];
+        assert!(matches!(
+            short_conv_prefill(&mut x, 2, Data::F32(&wt), &mut st, &mut scratch),
+            Err(KdaError::Length { arg: "conv state", .. })
+        ));
+        let mut st = [0.0f32; 6];
+        let mut x = [1.0f32; 5];
+        assert!(matches!(
+            short_conv_prefill(&mut x, 2, Data::F32(&wt), &mut st, &mut scratch),
+            Err(KdaError::Length { arg: "conv x", .. })
+        ));
+        let mut x = [1.0f32; 4];
+        assert!(matches!(
+            short_conv_prefill(&mut x, 2, Data::F32(&wt), &mut st, &mut scratch[..1]),
+            Err(KdaError::TooSmall { .. })
+        ));
+    }
+}

@@ -1,0 +1,106 @@
+//! The decay gate (spec §3.4) and the beta sigmoid (§3.3).
+
+use crate::config::DecayGate;
+use crate::error::{check_len, KdaError};
+use crate::math::{exp, sigmoid, softplus};
+use crate::weights::Data;
+
+/// Turns raw decay-projection rows into log-decays `g ≤ 0`, **in place**.
+///
+/// `raw` is `[T, H, K]`; `a_log` is `[H]`, `dt_bias` `[H·K]` (both optional, but the softplus
+/// form needs `a_log`). With `x = raw + dt_bias`:
+/// softplus form `g = −exp(A_log)·softplus(x)`; lower-bound form `g = lb·sigmoid(exp(A_log)·x)`
+/// (or `lb·sigmoid(x)` without `A_log`).
+pub fn decay_gate(
+    raw: &mut [f32],
+    form: DecayGate,
+    a_log: Option<Data<'_>>,
+    dt_bias: Option<Data<'_>>,
+    heads: usize,
+    head_dim: usize,
+) -> Result<(), KdaError> {
+    let d = heads
+        .checked_mul(head_dim)
+        .ok_or(KdaError::Overflow { what: "decay gate" })?;
+    if d == 0 || raw.len() % d != 0 {
+        return Err(KdaError::Length {
+            arg: "decay gate raw",
+            expected: raw.len() - raw.len() % d.max(1),
+            actual: raw.len(),
+        });
+    }
+    if let Some(a) = &a_log {
+        check_len("A_log", a.len(), heads)?;
+    }
+    if let Some(b) = &dt_bias {
+        check_len("dt_bias", b.len(), d)?;
+    }
+    if matches!(form, DecayGate::Softplus) && a_log.is_none() {
+        return Err(KdaError::Weights {
+            arg: "A_log",
+            reason: "required by the softplus decay gate",
+        });
+    }
+    for row in raw.chunks_exact_mut(d) {
+        for h in 0..heads {
+            let a = a_log.map(|a| exp(a.at(h)));
+            for j in 0..head_dim {
+                let i = h * head_dim + j;
+                let x = row[i] + dt_bias.map_or(0.0, |b| b.at(i));
+                row[i] = match form {
+                    DecayGate::Softplus => -a.unwrap_or(1.0) * softplus(x),
+                    DecayGate::LowerBound(lb) => lb * sigmoid(a.map_or(x, |a| a * x)),
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `β = sigmoid(logit)`, in place.
+pub fn beta_sigmoid(logits: &mut [f32]) {
+    for b in logits {
+        *b = sigmoid(*b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_follow_their_formulas() {
+        let mut g = [0.3f32, -2.0, 25.0, -40.0];
+        let a = [0.5f32, 1.5];
+        let b = [0.1f32, 0.2, -0.1, 0.0];
+        let raw = g;
+        decay_gate(&mut g, DecayGate::Softplus, Some(Data::F32(&a)), Some(Data::F32(&b)), 2, 2).unwrap();
+        for i in 0..4 {
+            let x = (raw[i] + b[i]) as f64;
+            let sp = if x > 20.0 { x } else { x.exp().ln_1p() };
+            let want = -(a[i / 2] as f64).exp() * sp;
+            assert!((g[i] as f64 - want).abs() <= 1e-6 * want.abs().max(1e-20), "{i}");
+        }
+        let mut g = raw;
+        decay_gate(&mut g, DecayGate::LowerBound(-5.0), Some(Data::F32(&a)), None, 2, 2).unwrap();
+        for i in 0..4 {
+            let z = (a[i / 2] as f64).exp() * raw[i] as f64;
+            let want = -5.0 / (1.0 + (-z).exp());
+            assert!((g[i] as f64 - want).abs() < 1e-6);
+            assert!(g[i] <= 0.0 && g[i] >= -5.0);
+        }
+    }
+
+    #[test]
+    fn softplus_needs_a_log_and_lengths_are_checked() {
+        let mut g = [0.0f32; 4];
+        assert!(decay_gate(&mut g, DecayGate::Softplus, None, None, 2, 2).is_err());
+        let a = [0.0f32; 3];
+        assert!(matches!(
+            decay_gate(&mut g, DecayGate::LowerBound(-5.0), Some(Data::F32(&a)), None, 2, 2),
+            Err(KdaError::Length { arg: "A_log", .. })
+        ));
+        let mut g = [0.0f32; 5];
+        assert!(decay_gate(&mut g, DecayGate::LowerBound(-5.0), None, None, 2, 2).is_err());
+    }
+}

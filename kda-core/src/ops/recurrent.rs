@@ -1,0 +1,205 @@
+//! The gated delta rule for one head and one token (spec §2), and a per-sequence driver.
+//!
+//! ```text
+//! S ← diag(exp(g)) S          decay the key rows first
+//! p = Sᵀ k                    predict with the decayed state
+//! S ← S + β k (v − p)ᵀ        delta-rule write
+//! o = Sᵀ (scale · q)          read after the write
+//! ```
+//! The state `S` is `[K, V]` row-major (K-first). Two passes over `S`: the first decays and
+//! predicts, the second writes and reads, so each element is loaded and stored twice per token.
+//!
+//! NaN or ±∞ anywhere in the inputs propagate into the state and output; nothing panics.
+
+use crate::error::{check_len, KdaError};
+use crate::math::exp;
+
+/// One token of the delta rule for one head, in place on `state` `[K, V]`.
+///
+/// `q`, `k`, `g` are `[K]` (q and k already L2-normalised); `v` is `[V]` and is overwritten with
+/// the β-scaled innovation `δ = β(v − p)`; `out` `[V]` receives `o`. Lengths are checked.
+#[allow(clippy::too_many_arguments)]
+pub fn delta_rule_step(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &mut [f32],
+    g: &[f32],
+    beta: f32,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<(), KdaError> {
+    let kd = k.len();
+    let vd = v.len();
+    check_len("q", q.len(), kd)?;
+    check_len("g", g.len(), kd)?;
+    check_len("out", out.len(), vd)?;
+    check_len("state", state.len(), kd * vd)?;
+    step_unchecked(state, q, k, v, g, beta, scale, out);
+    Ok(())
+}
+
+/// [`delta_rule_step`] after validation (all lengths consistent).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn step_unchecked(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &mut [f32],
+    g: &[f32],
+    beta: f32,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let vd = v.len();
+    if vd == 0 {
+        return;
+    }
+    // Pass 1: decay each key row and accumulate the prediction p = Σ_d k_d S_d into `out`.
+    out.fill(0.0);
+    for ((row, &kd), &gd) in state.chunks_exact_mut(vd).zip(k).zip(g) {
+        let a = exp(gd);
+        for (s, p) in row.iter_mut().zip(out.iter_mut()) {
+            *s *= a;
+            *p += kd * *s;
+        }
+    }
+    // δ = β (v − p), kept in v.
+    for (x, p) in v.iter_mut().zip(out.iter()) {
+        *x = beta * (*x - *p);
+    }
+    // Pass 2: write S_d += k_d δ and read o = Σ_d (scale q_d) S_d.
+    out.fill(0.0);
+    for ((row, &kd), &qd) in state.chunks_exact_mut(vd).zip(k).zip(q) {
+        let qs = qd * scale;
+        for ((s, d), o) in row.iter_mut().zip(v.iter()).zip(out.iter_mut()) {
+            *s += kd * *d;
+            *o += qs * *s;
+        }
+    }
+}
+
+/// Runs the recurrence over `T` tokens of one sequence for all heads, the layout of fla's
+/// `naive_recurrent_kda` with batch 1: `q`, `k`, `g` `[T, H, K]`, `v` `[T, H, V]` (overwritten
+/// with δ), `beta` `[T, H]`, `state` `[H, K, V]` in/out, `out` `[T, H, V]`.
+#[allow(clippy::too_many_arguments)]
+pub fn recurrent_sequence(
+    q: &[f32],
+    k: &[f32],
+    v: &mut [f32],
+    g: &[f32],
+    beta: &[f32],
+    heads: usize,
+    head_dim: usize,
+    scale: f32,
+    state: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), KdaError> {
+    let hk = heads
+        .checked_mul(head_dim)
+        .ok_or(KdaError::Overflow { what: "recurrence" })?;
+    if hk == 0 || q.len() % hk != 0 {
+        return Err(KdaError::Length {
+            arg: "q",
+            expected: q.len() - q.len() % hk.max(1),
+            actual: q.len(),
+        });
+    }
+    let t_len = q.len() / hk;
+    check_len("k", k.len(), q.len())?;
+    check_len("v", v.len(), q.len())?;
+    check_len("g", g.len(), q.len())?;
+    check_len("out", out.len(), q.len())?;
+    check_len("beta", beta.len(), t_len * heads)?;
+    check_len("state", state.len(), hk * head_dim)?;
+    for t in 0..t_len {
+        for h in 0..heads {
+            let r = (t * heads + h) * head_dim..(t * heads + h + 1) * head_dim;
+            let s = &mut state[h * head_dim * head_dim..(h + 1) * head_dim * head_dim];
+            step_unchecked(
+                s,
+                &q[r.clone()],
+                &k[r.clone()],
+                &mut v[r.clone()],
+                &g[r.clone()],
+                beta[t * heads + h],
+                scale,
+                &mut out[r],
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec::Vec;
+
+    /// Dense f64 form: S_t = (I − β k kᵀ) diag(α) S_{t−1} + β k vᵀ, o = scale Sᵀ q.
+    #[test]
+    fn step_matches_dense_matrix_form() {
+        let (kd, vd) = (5usize, 3usize);
+        let mut s = 3u32;
+        let mut r = || {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
+        };
+        let q: Vec<f32> = (0..kd).map(|_| r()).collect();
+        let k: Vec<f32> = (0..kd).map(|_| r() * 0.4).collect();
+        let v: Vec<f32> = (0..vd).map(|_| r()).collect();
+        let g: Vec<f32> = (0..kd).map(|_| -r().abs()).collect();
+        let st: Vec<f32> = (0..kd * vd).map(|_| r()).collect();
+        let (beta, scale) = (0.7f32, 0.3f32);
+
+        let mut dec = std::vec![0f64; kd * vd];
+        for d in 0..kd {
+            for e in 0..vd {
+                dec[d * vd + e] = (g[d] as f64).exp() * st[d * vd + e] as f64;
+            }
+        }
+        let mut want = std::vec![0f64; kd * vd];
+        for i in 0..kd {
+            for e in 0..vd {
+                let mut acc = 0.0;
+                for j in 0..kd {
+                    let m = if i == j { 1.0 } else { 0.0 } - beta as f64 * k[i] as f64 * k[j] as f64;
+                    acc += m * dec[j * vd + e];
+                }
+                want[i * vd + e] = acc + beta as f64 * k[i] as f64 * v[e] as f64;
+            }
+        }
+        let mut state = st.clone();
+        let mut vv = v.clone();
+        let mut out = std::vec![0f32; vd];
+        delta_rule_step(&mut state, &q, &k, &mut vv, &g, beta, scale, &mut out).unwrap();
+        for i in 0..kd * vd {
+            assert!((state[i] as f64 - want[i]).abs() < 1e-6);
+        }
+        for e in 0..vd {
+            let o: f64 = (0..kd).map(|d| scale as f64 * q[d] as f64 * want[d * vd + e]).sum();
+            assert!((out[e] as f64 - o).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn hard_reset_gate_forgets_the_state() {
+        let mut state = [5.0f32; 4];
+        let (q, k, g) = ([1.0f32, 0.0], [0.0f32, 0.0], [-1000.0f32, -1000.0]);
+        let mut v = [1.0f32, 2.0];
+        let mut out = [0.0f32; 2];
+        delta_rule_step(&mut state, &q, &k, &mut v, &g, 0.5, 1.0, &mut out).unwrap();
+        assert_eq!(state, [0.0; 4]);
+        assert_eq!(out, [0.0; 2]);
+    }
+
+    #[test]
+    fn mismatched_lengths_are_errors() {
+        let mut state = [0.0f32; 6];
+        let mut v = [0.0f32; 3];
+        let mut out = [0.0f32; 3];
+        let e = delta_rule_step(&mut state, &[0.0; 2], &[0.0; 2], &mut v, &[0.0; 3], 0.5, 1.0, &mut out);
+        assert!(matches!(e, Err(KdaError::Length { arg: "g", .. })));
+    }
+}

@@ -1,0 +1,242 @@
+//! Borrowed weight views in checkpoint layout (`[out, in]` row-major), per storage format.
+//!
+//! Nothing here copies: the views borrow the caller's bytes (a memory-mapped checkpoint, a
+//! `const` array in flash). Matrices and small parameters may be f32, bf16 or f16; every
+//! product accumulates in f32.
+
+use half::{bf16, f16};
+
+use crate::config::{DecayGate, GateProj, KdaConfig};
+use crate::error::{check_len, KdaError};
+
+/// A borrowed run of numbers in one of the supported storage formats.
+#[derive(Debug, Clone, Copy)]
+pub enum Data<'a> {
+    /// IEEE f32.
+    F32(&'a [f32]),
+    /// bfloat16 (how the Kimi checkpoints ship their matrices).
+    Bf16(&'a [bf16]),
+    /// IEEE f16.
+    F16(&'a [f16]),
+}
+
+impl<'a> Data<'a> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(s) => s.len(),
+            Data::Bf16(s) => s.len(),
+            Data::F16(s) => s.len(),
+        }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` widened to f32, or `None` past the end.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<f32> {
+        match self {
+            Data::F32(s) => s.get(i).copied(),
+            Data::Bf16(s) => s.get(i).map(|v| v.to_f32()),
+            Data::F16(s) => s.get(i).map(|v| v.to_f32()),
+        }
+    }
+
+    /// Element `i` widened to f32. The caller guarantees `i < len()` (shapes are validated
+    /// before any kernel runs).
+    #[inline(always)]
+    pub(crate) fn at(&self, i: usize) -> f32 {
+        match self {
+            Data::F32(s) => s[i],
+            Data::Bf16(s) => s[i].to_f32(),
+            Data::F16(s) => s[i].to_f32(),
+        }
+    }
+
+    /// The sub-range `start..start + len` (caller guarantees it is in bounds).
+    #[inline]
+    pub(crate) fn slice(&self, start: usize, len: usize) -> Data<'a> {
+        match *self {
+            Data::F32(s) => Data::F32(&s[start..start + len]),
+            Data::Bf16(s) => Data::Bf16(&s[start..start + len]),
+            Data::F16(s) => Data::F16(&s[start..start + len]),
+        }
+    }
+}
+
+/// A borrowed row-major matrix `[rows, cols]` (PyTorch `nn.Linear` layout: `[out, in]`).
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    data: Data<'a>,
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// Wraps `data` as `[rows, cols]`; errors (naming `name`) unless `data.len() == rows·cols`.
+    pub fn new(name: &'static str, data: Data<'a>, rows: usize, cols: usize) -> Result<Self, KdaError> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or(KdaError::Overflow { what: name })?;
+        check_len(name, data.len(), n)?;
+        Ok(MatRef { data, rows, cols })
+    }
+
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The elements.
+    pub fn data(&self) -> Data<'a> {
+        self.data
+    }
+
+    /// Row `r` (caller guarantees `r < rows`).
+    #[inline]
+    pub(crate) fn row(&self, r: usize) -> Data<'a> {
+        self.data.slice(r * self.cols, self.cols)
+    }
+
+    fn expect(&self, name: &'static str, rows: usize, cols: usize) -> Result<(), KdaError> {
+        if self.rows == rows && self.cols == cols {
+            Ok(())
+        } else {
+            Err(KdaError::Shape {
+                arg: name,
+                expected: [rows, cols],
+                actual: [self.rows, self.cols],
+            })
+        }
+    }
+}
+
+/// The weights of a gate projection, matching a [`GateProj`] form.
+#[derive(Debug, Clone, Copy)]
+pub enum GateWeights<'a> {
+    /// One matrix `[H·K, hidden]`.
+    FullRank(MatRef<'a>),
+    /// `down` `[rank, hidden]`, then `up` `[H·K, rank]`.
+    LowRank {
+        /// First projection (`f_a_proj` / `g_a_proj`).
+        down: MatRef<'a>,
+        /// Second projection (`f_b_proj` / `g_b_proj`).
+        up: MatRef<'a>,
+    },
+}
+
+impl GateWeights<'_> {
+    fn validate(
+        &self,
+        form: GateProj,
+        names: [&'static str; 3],
+        hidden: usize,
+        d: usize,
+    ) -> Result<(), KdaError> {
+        match (form, self) {
+            (GateProj::FullRank, GateWeights::FullRank(m)) => m.expect(names[0], d, hidden),
+            (GateProj::LowRank { rank }, GateWeights::LowRank { down, up }) => {
+                down.expect(names[1], rank, hidden)?;
+                up.expect(names[2], d, rank)
+            }
+            (GateProj::FullRank, _) => Err(KdaError::Weights {
+                arg: names[0],
+                reason: "config says full-rank, weights are low-rank",
+            }),
+            (GateProj::LowRank { .. }, _) => Err(KdaError::Weights {
+                arg: names[1],
+                reason: "config says low-rank, weights are full-rank",
+            }),
+        }
+    }
+}
+
+/// All weights of one KDA layer, borrowed, with their checkpoint names in the docs.
+#[derive(Debug, Clone, Copy)]
+pub struct KdaWeights<'a> {
+    /// `q_proj.weight` `[H·K, hidden]`.
+    pub q_proj: MatRef<'a>,
+    /// `k_proj.weight` `[H·K, hidden]`.
+    pub k_proj: MatRef<'a>,
+    /// `v_proj.weight` `[H·K, hidden]`.
+    pub v_proj: MatRef<'a>,
+    /// `q_conv1d.weight` `[H·K, 1, W]` read as `[H·K, W]`; column `W−1` hits the current token.
+    pub q_conv: Data<'a>,
+    /// `k_conv1d.weight`, as `q_conv`.
+    pub k_conv: Data<'a>,
+    /// `v_conv1d.weight`, as `q_conv`.
+    pub v_conv: Data<'a>,
+    /// `A_log` `[H]` (checkpoints store `[1,1,H,1]` or a zero-padded `[128]`: pass the first H).
+    /// Required by the softplus gate; optional for the lower-bound gate.
+    pub a_log: Option<Data<'a>>,
+    /// `dt_bias` `[H·K]`, optional.
+    pub dt_bias: Option<Data<'a>>,
+    /// Decay projection (`f_a_proj`/`f_b_proj`, or `f_proj`).
+    pub decay_proj: GateWeights<'a>,
+    /// `b_proj.weight` `[H, hidden]` (beta logits).
+    pub b_proj: MatRef<'a>,
+    /// Output-gate projection (`g_a_proj`/`g_b_proj`, or `g_proj`).
+    pub output_gate: GateWeights<'a>,
+    /// `o_norm.weight` `[K]`, shared by all heads.
+    pub o_norm: Data<'a>,
+    /// `o_proj.weight` `[hidden, H·K]`.
+    pub o_proj: MatRef<'a>,
+}
+
+impl KdaWeights<'_> {
+    /// Checks every shape and form against `cfg` (which is validated first).
+    pub fn validate(&self, cfg: &KdaConfig) -> Result<(), KdaError> {
+        cfg.validate()?;
+        let (hd, d, h, k, w) = (
+            cfg.hidden,
+            cfg.proj_dim(),
+            cfg.heads,
+            cfg.head_dim,
+            cfg.conv_width,
+        );
+        self.q_proj.expect("q_proj.weight", d, hd)?;
+        self.k_proj.expect("k_proj.weight", d, hd)?;
+        self.v_proj.expect("v_proj.weight", d, hd)?;
+        let conv = d.checked_mul(w).ok_or(KdaError::Overflow { what: "conv weight" })?;
+        check_len("q_conv1d.weight", self.q_conv.len(), conv)?;
+        check_len("k_conv1d.weight", self.k_conv.len(), conv)?;
+        check_len("v_conv1d.weight", self.v_conv.len(), conv)?;
+        match (cfg.decay_gate, self.a_log) {
+            (_, Some(a)) => check_len("A_log", a.len(), h)?,
+            (DecayGate::Softplus, None) => {
+                return Err(KdaError::Weights {
+                    arg: "A_log",
+                    reason: "required by the softplus decay gate",
+                })
+            }
+            (DecayGate::LowerBound(_), None) => {}
+        }
+        if let Some(b) = self.dt_bias {
+            check_len("dt_bias", b.len(), d)?;
+        }
+        self.decay_proj.validate(
+            cfg.decay_proj,
+            ["f_proj.weight", "f_a_proj.weight", "f_b_proj.weight"],
+            hd,
+            d,
+        )?;
+        self.b_proj.expect("b_proj.weight", h, hd)?;
+        self.output_gate.validate(
+            cfg.output_gate,
+            ["g_proj.weight", "g_a_proj.weight", "g_b_proj.weight"],
+            hd,
+            d,
+        )?;
+        check_len("o_norm.weight", self.o_norm.len(), k)?;
+        self.o_proj.expect("o_proj.weight", hd, d)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,27 @@
+//! Decode-step baseline at Kimi Linear size (hidden 2304, 32 heads × 128, bf16 weights), one
+//! thread, batch 1. Reports bytes/s over the weight + state bytes one token must stream.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kda_core::KdaConfig;
+use kda_host::rng::Rng;
+use kda_host::{OwnedLayer, Runner, SequenceCaches, WeightDtype};
+
+fn decode(c: &mut Criterion) {
+    let cfg = KdaConfig::kimi_linear(2304, 32, 128);
+    let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, 1).unwrap();
+    let mut caches = SequenceCaches::new(&cfg, 1).unwrap();
+    let mut runner = Runner::default();
+    let x = Rng::new(2).normals(cfg.hidden, 1.0);
+    // Per token: every weight byte once, the recurrent state read and written once.
+    let bytes = layer.weight_bytes() + 2 * 4 * caches.recurrent.len();
+    let mut g = c.benchmark_group("decode_kimi_linear_bf16");
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.sample_size(20);
+    g.bench_function("batch1_1thread", |b| {
+        b.iter(|| runner.decode(&layer, &x, &mut caches).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode);
+criterion_main!(benches);

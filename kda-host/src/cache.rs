@@ -1,0 +1,54 @@
+//! Owned caches for `N` sequences, in the core's layouts (see [`kda_core::cache`]).
+
+use kda_core::{CachesMut, KdaConfig, KdaError};
+
+/// The recurrent and conv states of `N` sequences, owned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceCaches {
+    /// Number of sequences.
+    pub sequences: usize,
+    /// `[N, H, K, V]` f32, K-first.
+    pub recurrent: Vec<f32>,
+    /// `[N, H·K, W−1]` f32, oldest first.
+    pub conv_q: Vec<f32>,
+    /// `[N, H·K, W−1]`.
+    pub conv_k: Vec<f32>,
+    /// `[N, H·K, W−1]`.
+    pub conv_v: Vec<f32>,
+}
+
+impl SequenceCaches {
+    /// Zeroed caches for `sequences` sequences.
+    pub fn new(cfg: &KdaConfig, sequences: usize) -> Result<Self, KdaError> {
+        cfg.validate()?;
+        let s = cfg.state_len()? * sequences;
+        let c = cfg.conv_state_len()? * sequences;
+        Ok(SequenceCaches {
+            sequences,
+            recurrent: vec![0.0; s],
+            conv_q: vec![0.0; c],
+            conv_k: vec![0.0; c],
+            conv_v: vec![0.0; c],
+        })
+    }
+
+    /// Mutable views for the core.
+    pub fn as_mut(&mut self) -> CachesMut<'_> {
+        CachesMut {
+            recurrent: &mut self.recurrent,
+            conv_q: &mut self.conv_q,
+            conv_k: &mut self.conv_k,
+            conv_v: &mut self.conv_v,
+        }
+    }
+
+    /// Bytes held (all f32).
+    pub fn bytes(&self) -> usize {
+        4 * (self.recurrent.len() + self.conv_q.len() + self.conv_k.len() + self.conv_v.len())
+    }
+
+    /// Zeroes every sequence's caches.
+    pub fn reset(&mut self) {
+        self.as_mut().reset();
+    }
+}
