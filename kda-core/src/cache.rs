@@ -102,11 +102,21 @@ fn transpose_blocks(
 }
 
 /// K-first `[.., K, V]` → V-first `[.., V, K]` for any number of `[K, V]` blocks.
-pub fn k_first_to_v_first(src: &[f32], dst: &mut [f32], k: usize, v: usize) -> Result<(), KdaError> {
+pub fn k_first_to_v_first(
+    src: &[f32],
+    dst: &mut [f32],
+    k: usize,
+    v: usize,
+) -> Result<(), KdaError> {
     transpose_blocks(src, dst, k, v)
 }
 
 /// V-first `[.., V, K]` → K-first `[.., K, V]` for any number of `[V, K]` blocks.
-pub fn v_first_to_k_first(src: &[f32], dst: &mut [f32], k: usize, v: usize) -> Result<(), KdaError> {
+pub fn v_first_to_k_first(
+    src: &[f32],
+    dst: &mut [f32],
+    k: usize,
+    v: usize,
+) -> Result<(), KdaError> {
     transpose_blocks(src, dst, v, k)
 }

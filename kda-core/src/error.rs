@@ -66,18 +66,12 @@ impl fmt::Display for KdaError {
                 arg,
                 expected,
                 actual,
-            } => write!(
-                f,
-                "`{arg}` has {actual} elements, expected {expected}"
-            ),
+            } => write!(f, "`{arg}` has {actual} elements, expected {expected}"),
             KdaError::TooSmall {
                 arg,
                 needed,
                 actual,
-            } => write!(
-                f,
-                "`{arg}` has {actual} elements, needs at least {needed}"
-            ),
+            } => write!(f, "`{arg}` has {actual} elements, needs at least {needed}"),
             KdaError::Shape {
                 arg,
                 expected,

@@ -35,7 +35,11 @@ pub enum InitialCaches {
 pub(crate) fn per_token_workspace(cfg: &KdaConfig) -> Result<usize, KdaError> {
     let d = cfg.proj_dim_checked()?;
     let r = cfg.decay_proj.rank().max(cfg.output_gate.rank());
-    add("workspace", add("workspace", mul("workspace", 5, d)?, cfg.heads)?, r)
+    add(
+        "workspace",
+        add("workspace", mul("workspace", 5, d)?, cfg.heads)?,
+        r,
+    )
 }
 
 /// f32 elements of workspace independent of the block size: the conv's `W−1` scratch and one
@@ -121,7 +125,17 @@ pub fn forward(
     if init == InitialCaches::Zero {
         caches.reset();
     }
-    run(cfg, w, x, n, |i| cu_seqlens[i], caches, out, workspace, block)
+    run(
+        cfg,
+        w,
+        x,
+        n,
+        |i| cu_seqlens[i],
+        caches,
+        out,
+        workspace,
+        block,
+    )
 }
 
 /// One decode step: one token for each of `N` sequences, each with its own caches
@@ -240,9 +254,27 @@ fn run(
             if a < b {
                 let rows = a * d..b * d;
                 let cs = s * cl..(s + 1) * cl;
-                short_conv_prefill(&mut q[rows.clone()], d, w.q_conv, &mut caches.conv_q[cs.clone()], conv_tmp)?;
-                short_conv_prefill(&mut kk[rows.clone()], d, w.k_conv, &mut caches.conv_k[cs.clone()], conv_tmp)?;
-                short_conv_prefill(&mut v[rows.clone()], d, w.v_conv, &mut caches.conv_v[cs], conv_tmp)?;
+                short_conv_prefill(
+                    &mut q[rows.clone()],
+                    d,
+                    w.q_conv,
+                    &mut caches.conv_q[cs.clone()],
+                    conv_tmp,
+                )?;
+                short_conv_prefill(
+                    &mut kk[rows.clone()],
+                    d,
+                    w.k_conv,
+                    &mut caches.conv_k[cs.clone()],
+                    conv_tmp,
+                )?;
+                short_conv_prefill(
+                    &mut v[rows.clone()],
+                    d,
+                    w.v_conv,
+                    &mut caches.conv_v[cs],
+                    conv_tmp,
+                )?;
                 l2_norm(&mut q[rows.clone()], k, cfg.l2_eps)?;
                 l2_norm(&mut kk[rows], k, cfg.l2_eps)?;
                 let state = &mut caches.recurrent[s * sl..(s + 1) * sl];
@@ -250,7 +282,16 @@ fn run(
                     for (hh, st) in state.chunks_exact_mut(k * k).enumerate() {
                         let i = t * d + hh * k..t * d + (hh + 1) * k;
                         let vi = &mut v[i.clone()];
-                        step_unchecked(st, &q[i.clone()], &kk[i.clone()], vi, &g[i], beta[t * h + hh], scale, o_tmp);
+                        step_unchecked(
+                            st,
+                            &q[i.clone()],
+                            &kk[i.clone()],
+                            vi,
+                            &g[i],
+                            beta[t * h + hh],
+                            scale,
+                            o_tmp,
+                        );
                         vi.copy_from_slice(o_tmp);
                     }
                 }

@@ -77,7 +77,12 @@ pub struct MatRef<'a> {
 
 impl<'a> MatRef<'a> {
     /// Wraps `data` as `[rows, cols]`; errors (naming `name`) unless `data.len() == rows·cols`.
-    pub fn new(name: &'static str, data: Data<'a>, rows: usize, cols: usize) -> Result<Self, KdaError> {
+    pub fn new(
+        name: &'static str,
+        data: Data<'a>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KdaError> {
         let n = rows
             .checked_mul(cols)
             .ok_or(KdaError::Overflow { what: name })?;
@@ -205,7 +210,9 @@ impl KdaWeights<'_> {
         self.q_proj.expect("q_proj.weight", d, hd)?;
         self.k_proj.expect("k_proj.weight", d, hd)?;
         self.v_proj.expect("v_proj.weight", d, hd)?;
-        let conv = d.checked_mul(w).ok_or(KdaError::Overflow { what: "conv weight" })?;
+        let conv = d.checked_mul(w).ok_or(KdaError::Overflow {
+            what: "conv weight",
+        })?;
         check_len("q_conv1d.weight", self.q_conv.len(), conv)?;
         check_len("k_conv1d.weight", self.k_conv.len(), conv)?;
         check_len("v_conv1d.weight", self.v_conv.len(), conv)?;

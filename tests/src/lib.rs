@@ -75,14 +75,26 @@ impl Fixture {
                         .chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();
-                    tensors.insert(n, Tensor { shape, data: OwnedData::F32(v) });
+                    tensors.insert(
+                        n,
+                        Tensor {
+                            shape,
+                            data: OwnedData::F32(v),
+                        },
+                    );
                 }
                 Dtype::BF16 => {
                     let v = raw
                         .chunks_exact(2)
                         .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
                         .collect();
-                    tensors.insert(n, Tensor { shape, data: OwnedData::Bf16(v) });
+                    tensors.insert(
+                        n,
+                        Tensor {
+                            shape,
+                            data: OwnedData::Bf16(v),
+                        },
+                    );
                 }
                 Dtype::I64 => {
                     let v = raw
@@ -281,10 +293,23 @@ impl Harness for CpuHarness {
     ) -> Result<Vec<f32>, String> {
         let mut be = Cpu;
         let w = layer.weights().map_err(|e| e.to_string())?;
-        let mut ws = vec![0.0; be.forward_workspace_len(&layer.cfg, self.block).map_err(|e| e.to_string())?];
+        let mut ws = vec![
+            0.0;
+            be.forward_workspace_len(&layer.cfg, self.block)
+                .map_err(|e| e.to_string())?
+        ];
         let mut out = vec![0.0; x.len()];
-        be.forward(&layer.cfg, &w, x, cu_seqlens, caches.as_mut(), init, &mut out, &mut ws)
-            .map_err(|e| e.to_string())?;
+        be.forward(
+            &layer.cfg,
+            &w,
+            x,
+            cu_seqlens,
+            caches.as_mut(),
+            init,
+            &mut out,
+            &mut ws,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(out)
     }
 
@@ -296,7 +321,11 @@ impl Harness for CpuHarness {
     ) -> Result<Vec<f32>, String> {
         let mut be = Cpu;
         let w = layer.weights().map_err(|e| e.to_string())?;
-        let mut ws = vec![0.0; be.decode_workspace_len(&layer.cfg, self.block).map_err(|e| e.to_string())?];
+        let mut ws = vec![
+            0.0;
+            be.decode_workspace_len(&layer.cfg, self.block)
+                .map_err(|e| e.to_string())?
+        ];
         let mut out = vec![0.0; x.len()];
         be.decode_step(&layer.cfg, &w, x, caches.as_mut(), &mut out, &mut ws)
             .map_err(|e| e.to_string())?;

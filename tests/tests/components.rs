@@ -24,7 +24,10 @@ fn decay_gates() {
         ("gate_lower_bound", DecayGate::LowerBound(-5.0)),
     ] {
         let raw = f.t(&format!("{prefix}.raw"));
-        let (h, k) = (raw.shape[raw.shape.len() - 2], raw.shape[raw.shape.len() - 1]);
+        let (h, k) = (
+            raw.shape[raw.shape.len() - 2],
+            raw.shape[raw.shape.len() - 1],
+        );
         let mut g = raw.f32();
         let a = f.f32(&format!("{prefix}.A_log"));
         let b = f.f32(&format!("{prefix}.dt_bias"));
@@ -104,7 +107,15 @@ fn recurrence_against_naive_recurrent_and_naive_chunk() {
             &mut o,
         )
         .unwrap();
-        assert_close(&format!("{prefix} o"), &o, &f.f32(&format!("{prefix}.{out}")));
-        assert_close(&format!("{prefix} state"), &state, &f.f32(&format!("{prefix}.{ht}")));
+        assert_close(
+            &format!("{prefix} o"),
+            &o,
+            &f.f32(&format!("{prefix}.{out}")),
+        );
+        assert_close(
+            &format!("{prefix} state"),
+            &state,
+            &f.f32(&format!("{prefix}.{ht}")),
+        );
     }
 }

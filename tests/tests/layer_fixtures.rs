@@ -15,15 +15,38 @@ fn check_case(h: &mut dyn Harness, name: &str) -> f64 {
         .unwrap_or_else(|e| panic!("{name} on {}: {e}", h.name()));
     let errs = [
         ("output", rel_rms(&out, &fx.f32("output"))),
-        ("recurrent", rel_rms(&caches.recurrent, &fx.f32("final_recurrent_state"))),
-        ("conv_q", rel_rms(&caches.conv_q, &fx.f32("final_conv_state_q"))),
-        ("conv_k", rel_rms(&caches.conv_k, &fx.f32("final_conv_state_k"))),
-        ("conv_v", rel_rms(&caches.conv_v, &fx.f32("final_conv_state_v"))),
+        (
+            "recurrent",
+            rel_rms(&caches.recurrent, &fx.f32("final_recurrent_state")),
+        ),
+        (
+            "conv_q",
+            rel_rms(&caches.conv_q, &fx.f32("final_conv_state_q")),
+        ),
+        (
+            "conv_k",
+            rel_rms(&caches.conv_k, &fx.f32("final_conv_state_k")),
+        ),
+        (
+            "conv_v",
+            rel_rms(&caches.conv_v, &fx.f32("final_conv_state_v")),
+        ),
     ];
-    println!("{:<6} {name:<48} {}", h.name(), errs.iter().map(|(n, e)| format!("{n} {e:.1e}")).collect::<Vec<_>>().join("  "));
+    println!(
+        "{:<6} {name:<48} {}",
+        h.name(),
+        errs.iter()
+            .map(|(n, e)| format!("{n} {e:.1e}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+    );
     let mut worst: f64 = 0.0;
     for (what, e) in errs {
-        assert!(e <= TOL, "{name} on {}: {what} rel-RMS {e:.3e} > {TOL:e}", h.name());
+        assert!(
+            e <= TOL,
+            "{name} on {}: {what} rel-RMS {e:.3e} > {TOL:e}",
+            h.name()
+        );
         worst = worst.max(e);
     }
     worst
@@ -34,8 +57,15 @@ fn every_layer_fixture_matches_reference_on_every_backend() {
     let cases = layer_fixtures();
     assert!(cases.len() >= 9, "fixtures missing: {cases:?}");
     for mut b in backends() {
-        let worst = cases.iter().map(|c| check_case(b.as_mut(), c)).fold(0.0, f64::max);
-        println!("{}: worst rel-RMS over {} cases: {worst:.2e}", b.name(), cases.len());
+        let worst = cases
+            .iter()
+            .map(|c| check_case(b.as_mut(), c))
+            .fold(0.0, f64::max);
+        println!(
+            "{}: worst rel-RMS over {} cases: {worst:.2e}",
+            b.name(),
+            cases.len()
+        );
     }
 }
 
@@ -49,7 +79,9 @@ fn block_size_does_not_change_the_result_bitwise() {
         let mut results = Vec::new();
         for block in [1, 3, 64, 1000] {
             let (mut caches, init) = fx.initial_caches();
-            let out = CpuHarness { block }.forward(&layer, &x, &cu, &mut caches, init).unwrap();
+            let out = CpuHarness { block }
+                .forward(&layer, &x, &cu, &mut caches, init)
+                .unwrap();
             results.push((out, caches));
         }
         for r in &results[1..] {
@@ -73,19 +105,33 @@ fn decode_steps_reproduce_the_fixture() {
         for n in 0..cu.len() - 1 {
             // A one-sequence cache holding sequence n's initial caches.
             let mut c = kda_host::SequenceCaches::new(&layer.cfg, 1).unwrap();
-            let (s, cl) = (layer.cfg.state_len().unwrap(), layer.cfg.conv_state_len().unwrap());
-            c.recurrent.copy_from_slice(&all.recurrent[n * s..(n + 1) * s]);
+            let (s, cl) = (
+                layer.cfg.state_len().unwrap(),
+                layer.cfg.conv_state_len().unwrap(),
+            );
+            c.recurrent
+                .copy_from_slice(&all.recurrent[n * s..(n + 1) * s]);
             c.conv_q.copy_from_slice(&all.conv_q[n * cl..(n + 1) * cl]);
             c.conv_k.copy_from_slice(&all.conv_k[n * cl..(n + 1) * cl]);
             c.conv_v.copy_from_slice(&all.conv_v[n * cl..(n + 1) * cl]);
             let mut got = Vec::new();
             for t in cu[n]..cu[n + 1] {
-                got.extend(CpuHarness { block: 1 }.decode(&layer, &x[t * hd..(t + 1) * hd], &mut c).unwrap());
+                got.extend(
+                    CpuHarness { block: 1 }
+                        .decode(&layer, &x[t * hd..(t + 1) * hd], &mut c)
+                        .unwrap(),
+                );
             }
             let e = rel_rms(&got, &want[cu[n] * hd..cu[n + 1] * hd]);
             assert!(e <= TOL, "{name} seq {n}: decode rel-RMS {e:.2e}");
-            let e = rel_rms(&c.recurrent, &fx.f32("final_recurrent_state")[n * s..(n + 1) * s]);
-            assert!(e <= TOL, "{name} seq {n}: decode final state rel-RMS {e:.2e}");
+            let e = rel_rms(
+                &c.recurrent,
+                &fx.f32("final_recurrent_state")[n * s..(n + 1) * s],
+            );
+            assert!(
+                e <= TOL,
+                "{name} seq {n}: decode final state rel-RMS {e:.2e}"
+            );
         }
     }
 }
@@ -122,15 +168,30 @@ fn components_inside_the_layer_match_the_intermediates() {
         // q/k/v through conv (+ norm) per sequence, then the recurrence.
         let (caches, _) = fx.initial_caches();
         let cl = cfg.conv_state_len().unwrap();
-        let mut qkv = [vec![0.0; t_len * d], vec![0.0; t_len * d], vec![0.0; t_len * d]];
-        let mut states = [caches.conv_q.clone(), caches.conv_k.clone(), caches.conv_v.clone()];
+        let mut qkv = [
+            vec![0.0; t_len * d],
+            vec![0.0; t_len * d],
+            vec![0.0; t_len * d],
+        ];
+        let mut states = [
+            caches.conv_q.clone(),
+            caches.conv_k.clone(),
+            caches.conv_v.clone(),
+        ];
         let mats = [w.q_proj, w.k_proj, w.v_proj];
         let convs = [w.q_conv, w.k_conv, w.v_conv];
         let mut scratch = vec![0.0; conv::short_conv_prefill_scratch(cfg.conv_width)];
         for i in 0..3 {
             linear::linear(&x, &mats[i], &mut qkv[i]).unwrap();
             for n in 0..cu.len() - 1 {
-                conv::short_conv_prefill(&mut qkv[i][cu[n] * d..cu[n + 1] * d], d, convs[i], &mut states[i][n * cl..(n + 1) * cl], &mut scratch).unwrap();
+                conv::short_conv_prefill(
+                    &mut qkv[i][cu[n] * d..cu[n + 1] * d],
+                    d,
+                    convs[i],
+                    &mut states[i][n * cl..(n + 1) * cl],
+                    &mut scratch,
+                )
+                .unwrap();
             }
         }
         norm::l2_norm(&mut qkv[0], k, cfg.l2_eps).unwrap();
@@ -146,7 +207,19 @@ fn components_inside_the_layer_match_the_intermediates() {
         for n in 0..cu.len() - 1 {
             let r = cu[n] * d..cu[n + 1] * d;
             let br = cu[n] * h..cu[n + 1] * h;
-            recurrent::recurrent_sequence(&q[r.clone()], &kk[r.clone()], &mut v[r.clone()], &g[r.clone()], &beta[br], h, k, cfg.scale(), &mut state[n * s..(n + 1) * s], &mut o[r]).unwrap();
+            recurrent::recurrent_sequence(
+                &q[r.clone()],
+                &kk[r.clone()],
+                &mut v[r.clone()],
+                &g[r.clone()],
+                &beta[br],
+                h,
+                k,
+                cfg.scale(),
+                &mut state[n * s..(n + 1) * s],
+                &mut o[r],
+            )
+            .unwrap();
         }
         let e = rel_rms(&o, &fx.f32("inter.o"));
         assert!(e <= TOL, "{name}: recurrence output rel-RMS {e:.2e}");

@@ -130,7 +130,10 @@ mod tests {
         let mut out = std::vec![0.0; x.len()];
         let mut new_st = std::vec![0.0; st.len()];
         for c in 0..d {
-            let mut stream: Vec<f64> = st[c * (k - 1)..(c + 1) * (k - 1)].iter().map(|&v| v as f64).collect();
+            let mut stream: Vec<f64> = st[c * (k - 1)..(c + 1) * (k - 1)]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
             stream.extend((0..t_len).map(|t| x[t * d + c] as f64));
             for t in 0..t_len {
                 let acc: f64 = (0..k).map(|i| w[c * k + i] as f64 * stream[t + i]).sum();
@@ -145,7 +148,13 @@ mod tests {
 
     #[test]
     fn prefill_and_steps_match_reference_for_several_widths() {
-        for &(d, w, t_len) in &[(3usize, 4usize, 7usize), (2, 4, 2), (5, 1, 4), (4, 2, 1), (3, 6, 3)] {
+        for &(d, w, t_len) in &[
+            (3usize, 4usize, 7usize),
+            (2, 4, 2),
+            (5, 1, 4),
+            (4, 2, 1),
+            (3, 6, 3),
+        ] {
             let mut s = 1u32;
             let mut r = || {
                 s = s.wrapping_mul(1103515245).wrapping_add(12345);
@@ -187,7 +196,10 @@ mod tests {
         let mut scratch = [0.0f32; 3];
         assert!(matches!(
             short_conv_prefill(&mut x, 2, Data::F32(&wt), &mut st, &mut scratch),
-            Err(KdaError::Length { arg: "conv state", .. })
+            Err(KdaError::Length {
+                arg: "conv state",
+                ..
+            })
         ));
         let mut st = [0.0f32; 6];
         let mut x = [1.0f32; 5];

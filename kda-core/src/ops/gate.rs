@@ -74,15 +74,34 @@ mod tests {
         let a = [0.5f32, 1.5];
         let b = [0.1f32, 0.2, -0.1, 0.0];
         let raw = g;
-        decay_gate(&mut g, DecayGate::Softplus, Some(Data::F32(&a)), Some(Data::F32(&b)), 2, 2).unwrap();
+        decay_gate(
+            &mut g,
+            DecayGate::Softplus,
+            Some(Data::F32(&a)),
+            Some(Data::F32(&b)),
+            2,
+            2,
+        )
+        .unwrap();
         for i in 0..4 {
             let x = (raw[i] + b[i]) as f64;
             let sp = if x > 20.0 { x } else { x.exp().ln_1p() };
             let want = -(a[i / 2] as f64).exp() * sp;
-            assert!((g[i] as f64 - want).abs() <= 1e-6 * want.abs().max(1e-20), "{i}");
+            assert!(
+                (g[i] as f64 - want).abs() <= 1e-6 * want.abs().max(1e-20),
+                "{i}"
+            );
         }
         let mut g = raw;
-        decay_gate(&mut g, DecayGate::LowerBound(-5.0), Some(Data::F32(&a)), None, 2, 2).unwrap();
+        decay_gate(
+            &mut g,
+            DecayGate::LowerBound(-5.0),
+            Some(Data::F32(&a)),
+            None,
+            2,
+            2,
+        )
+        .unwrap();
         for i in 0..4 {
             let z = (a[i / 2] as f64).exp() * raw[i] as f64;
             let want = -5.0 / (1.0 + (-z).exp());
@@ -97,7 +116,14 @@ mod tests {
         assert!(decay_gate(&mut g, DecayGate::Softplus, None, None, 2, 2).is_err());
         let a = [0.0f32; 3];
         assert!(matches!(
-            decay_gate(&mut g, DecayGate::LowerBound(-5.0), Some(Data::F32(&a)), None, 2, 2),
+            decay_gate(
+                &mut g,
+                DecayGate::LowerBound(-5.0),
+                Some(Data::F32(&a)),
+                None,
+                2,
+                2
+            ),
             Err(KdaError::Length { arg: "A_log", .. })
         ));
         let mut g = [0.0f32; 5];

@@ -104,7 +104,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -138,11 +140,17 @@ mod tests {
         let mut out = [0.0f32; 2];
         assert!(matches!(
             linear(&[1.0; 4], &m, &mut out),
-            Err(KdaError::Length { arg: "linear x", .. })
+            Err(KdaError::Length {
+                arg: "linear x",
+                ..
+            })
         ));
         assert!(matches!(
             linear(&[1.0; 6], &m, &mut out),
-            Err(KdaError::Length { arg: "linear out", .. })
+            Err(KdaError::Length {
+                arg: "linear out",
+                ..
+            })
         ));
     }
 }

@@ -164,7 +164,8 @@ mod tests {
             for e in 0..vd {
                 let mut acc = 0.0;
                 for j in 0..kd {
-                    let m = if i == j { 1.0 } else { 0.0 } - beta as f64 * k[i] as f64 * k[j] as f64;
+                    let m =
+                        if i == j { 1.0 } else { 0.0 } - beta as f64 * k[i] as f64 * k[j] as f64;
                     acc += m * dec[j * vd + e];
                 }
                 want[i * vd + e] = acc + beta as f64 * k[i] as f64 * v[e] as f64;
@@ -178,7 +179,9 @@ mod tests {
             assert!((state[i] as f64 - want[i]).abs() < 1e-6);
         }
         for e in 0..vd {
-            let o: f64 = (0..kd).map(|d| scale as f64 * q[d] as f64 * want[d * vd + e]).sum();
+            let o: f64 = (0..kd)
+                .map(|d| scale as f64 * q[d] as f64 * want[d * vd + e])
+                .sum();
             assert!((out[e] as f64 - o).abs() < 1e-6);
         }
     }
@@ -199,7 +202,9 @@ mod tests {
         let mut state = [0.0f32; 6];
         let mut v = [0.0f32; 3];
         let mut out = [0.0f32; 3];
-        let e = delta_rule_step(&mut state, &[0.0; 2], &[0.0; 2], &mut v, &[0.0; 3], 0.5, 1.0, &mut out);
+        let e = delta_rule_step(
+            &mut state, &[0.0; 2], &[0.0; 2], &mut v, &[0.0; 3], 0.5, 1.0, &mut out,
+        );
         assert!(matches!(e, Err(KdaError::Length { arg: "g", .. })));
     }
 }
