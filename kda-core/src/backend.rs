@@ -15,7 +15,8 @@
 use crate::cache::CachesMut;
 use crate::config::KdaConfig;
 use crate::error::KdaError;
-use crate::layer::{self, InitialCaches};
+use crate::exec::{Executor, Serial};
+use crate::layer::{self, ForwardOptions, InitialCaches};
 use crate::weights::KdaWeights;
 
 /// A device that can run KDA layers.
@@ -65,11 +66,17 @@ pub trait KdaBackend {
     ) -> Result<(), Self::Error>;
 }
 
-/// The single-threaded, allocation-free CPU backend over borrowed slices.
+/// The allocation-free CPU backend over borrowed slices: options for every forward, and an
+/// executor (in order by default; the host crate supplies a threaded one).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Cpu;
+pub struct Cpu<E = Serial> {
+    /// Mode, chunk size and kernel path of forward calls.
+    pub opts: ForwardOptions,
+    /// Runs the layer's independent tasks.
+    pub exec: E,
+}
 
-impl KdaBackend for Cpu {
+impl<E: Executor> KdaBackend for Cpu<E> {
     type Error = KdaError;
     type Weights<'a> = KdaWeights<'a>;
     type Input<'a> = &'a [f32];
@@ -78,11 +85,15 @@ impl KdaBackend for Cpu {
     type Workspace<'a> = &'a mut [f32];
 
     fn forward_workspace_len(&self, cfg: &KdaConfig, tokens: usize) -> Result<usize, KdaError> {
-        layer::forward_workspace_len(cfg, tokens)
+        layer::workspace_len(cfg, &self.opts, tokens, self.exec.workers())
     }
 
     fn decode_workspace_len(&self, cfg: &KdaConfig, batch: usize) -> Result<usize, KdaError> {
-        layer::decode_workspace_len(cfg, batch)
+        let opts = ForwardOptions {
+            isa: self.opts.isa,
+            ..ForwardOptions::recurrent()
+        };
+        layer::workspace_len(cfg, &opts, batch, self.exec.workers())
     }
 
     fn forward(
@@ -96,7 +107,9 @@ impl KdaBackend for Cpu {
         out: &mut [f32],
         workspace: &mut [f32],
     ) -> Result<(), KdaError> {
-        layer::forward(cfg, weights, x, cu_seqlens, caches, init, out, workspace)
+        layer::forward_with(
+            cfg, weights, x, cu_seqlens, caches, init, out, workspace, &self.opts, &self.exec,
+        )
     }
 
     fn decode_step(
@@ -108,6 +121,6 @@ impl KdaBackend for Cpu {
         out: &mut [f32],
         workspace: &mut [f32],
     ) -> Result<(), KdaError> {
-        layer::decode_step(cfg, weights, x, caches, out, workspace)
+        layer::decode_step_with(cfg, weights, x, caches, out, workspace, self.opts.isa, &self.exec)
     }
 }

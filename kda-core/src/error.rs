@@ -52,6 +52,11 @@ pub enum KdaError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// An internal consistency check failed (a bug in kda-core; please report it).
+    Internal {
+        /// What failed.
+        what: &'static str,
+    },
     /// A size computation overflowed `usize` (a configuration far too large for this target).
     Overflow {
         /// What was being sized.
@@ -84,6 +89,7 @@ impl fmt::Display for KdaError {
             KdaError::Config { field, reason } => write!(f, "config `{field}`: {reason}"),
             KdaError::Offsets { reason } => write!(f, "`cu_seqlens`: {reason}"),
             KdaError::Weights { arg, reason } => write!(f, "weight `{arg}`: {reason}"),
+            KdaError::Internal { what } => write!(f, "internal error: {what}"),
             KdaError::Overflow { what } => write!(f, "size of {what} overflows usize"),
         }
     }

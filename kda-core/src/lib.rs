@@ -9,9 +9,12 @@
 //!   [`KdaConfig::state_len`], [`KdaConfig::conv_state_len`], [`forward_workspace_len`],
 //!   [`decode_workspace_len`].
 //! * Entry points: [`forward`] (packed sequences by `cu_seqlens`) and [`decode_step`]
-//!   (one token for each of N sequences), also behind the [`KdaBackend`] trait.
+//!   (one token for each of N sequences); [`forward_with`] / [`decode_step_with`] take
+//!   [`ForwardOptions`] (recurrent / chunked / auto, chunk size, kernel path) and an
+//!   [`Executor`] (threads); all also behind the [`KdaBackend`] trait.
 //! * Every component is its own tested function in [`ops`]: the gate in `ops/gate.rs`, the
-//!   conv in `ops/conv.rs`, the recurrence in `ops/recurrent.rs`, the norms in `ops/norm.rs`.
+//!   conv in `ops/conv.rs`, the recurrence in `ops/recurrent.rs`, the chunked kernel in
+//!   `ops/chunked.rs`, the norms in `ops/norm.rs`; the SIMD inner loops in `simd/`.
 //!
 //! Errors are values ([`KdaError`]), never panics. NaN or ±∞ in inputs propagate to outputs.
 //!
@@ -41,27 +44,35 @@
 //! forward(&cfg, &weights, &x, &[0, 3], caches, InitialCaches::Zero, &mut out, &mut ws).unwrap();
 //! assert!(out.iter().all(|v| v.is_finite()));
 //! ```
-#![cfg_attr(not(test), no_std)]
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod error;
+#[allow(unsafe_code)]
+pub mod exec;
+#[allow(unsafe_code)]
 pub mod layer;
 pub mod math;
 pub mod ops;
+#[allow(unsafe_code)]
+pub mod simd;
 pub mod weights;
 
 pub use backend::{Cpu, KdaBackend};
 pub use cache::{k_first_to_v_first, v_first_to_k_first, CachesMut};
 pub use config::{DecayGate, GateProj, KdaConfig};
 pub use error::KdaError;
+pub use exec::{Executor, Serial};
 pub use layer::{
-    decode_step, decode_workspace_len, forward, forward_workspace_len, validate_offsets,
-    InitialCaches,
+    decode_step, decode_step_with, decode_workspace_len, forward, forward_with,
+    forward_workspace_len, validate_offsets, workspace_len, ForwardOptions, InitialCaches, Mode,
+    AUTO_CHUNK_MIN_TOKENS, DEFAULT_CHUNK,
 };
+pub use simd::Isa;
 pub use weights::{Data, GateWeights, KdaWeights, MatRef};
 
 /// Re-export of the `half` crate's float types used by [`Data`].

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use half::bf16;
-use kda_core::{Cpu, DecayGate, GateProj, InitialCaches, KdaBackend, KdaConfig};
+use kda_core::{Cpu, DecayGate, ForwardOptions, GateProj, InitialCaches, KdaBackend, KdaConfig, Mode};
 use kda_host::layer::{OwnedData, OwnedGate, OwnedMat};
 use kda_host::{OwnedLayer, SequenceCaches};
 use safetensors::{Dtype, SafeTensors};
@@ -272,15 +272,43 @@ pub trait Harness {
 }
 
 /// The CPU backend through [`KdaBackend`], with a workspace of `block` tokens.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct CpuHarness {
     /// Tokens per block.
     pub block: usize,
+    /// Options of forward calls.
+    pub opts: ForwardOptions,
+}
+
+impl CpuHarness {
+    /// Token-by-token recurrence, blocks of `block` tokens.
+    pub fn recurrent(block: usize) -> Self {
+        CpuHarness {
+            block,
+            opts: ForwardOptions::recurrent(),
+        }
+    }
+
+    /// Chunked with chunk size `chunk`, blocks of `block` tokens.
+    pub fn chunked(block: usize, chunk: usize) -> Self {
+        CpuHarness {
+            block,
+            opts: ForwardOptions {
+                mode: Mode::Chunked,
+                chunk_size: chunk,
+                isa: None,
+            },
+        }
+    }
 }
 
 impl Harness for CpuHarness {
     fn name(&self) -> &'static str {
-        "cpu"
+        match self.opts.mode {
+            Mode::Recurrent => "cpu-rec",
+            Mode::Chunked => "cpu-chunk",
+            Mode::Auto => "cpu-auto",
+        }
     }
 
     fn forward(
@@ -291,7 +319,7 @@ impl Harness for CpuHarness {
         caches: &mut SequenceCaches,
         init: InitialCaches,
     ) -> Result<Vec<f32>, String> {
-        let mut be = Cpu;
+        let mut be = Cpu { opts: self.opts, exec: kda_core::Serial };
         let w = layer.weights().map_err(|e| e.to_string())?;
         let mut ws = vec![
             0.0;
@@ -319,7 +347,7 @@ impl Harness for CpuHarness {
         x: &[f32],
         caches: &mut SequenceCaches,
     ) -> Result<Vec<f32>, String> {
-        let mut be = Cpu;
+        let mut be = Cpu { opts: self.opts, exec: kda_core::Serial };
         let w = layer.weights().map_err(|e| e.to_string())?;
         let mut ws = vec![
             0.0;
@@ -336,7 +364,10 @@ impl Harness for CpuHarness {
 /// Every backend available on this machine. GPU backends that cannot run here are reported
 /// with a visible `skipped: no CUDA device` line.
 pub fn backends() -> Vec<Box<dyn Harness>> {
-    let v: Vec<Box<dyn Harness>> = vec![Box::new(CpuHarness { block: 64 })];
+    let v: Vec<Box<dyn Harness>> = vec![
+        Box::new(CpuHarness::recurrent(64)),
+        Box::new(CpuHarness::chunked(256, 16)),
+    ];
     match kda_cuda::probe() {
         Ok(devs) => println!(
             "cuda: {} device(s) found, but kda-cuda has no KdaBackend yet: skipped: GPU backend not implemented",

@@ -79,7 +79,7 @@ fn block_size_does_not_change_the_result_bitwise() {
         let mut results = Vec::new();
         for block in [1, 3, 64, 1000] {
             let (mut caches, init) = fx.initial_caches();
-            let out = CpuHarness { block }
+            let out = CpuHarness::recurrent(block)
                 .forward(&layer, &x, &cu, &mut caches, init)
                 .unwrap();
             results.push((out, caches));
@@ -117,7 +117,7 @@ fn decode_steps_reproduce_the_fixture() {
             let mut got = Vec::new();
             for t in cu[n]..cu[n + 1] {
                 got.extend(
-                    CpuHarness { block: 1 }
+                    CpuHarness::recurrent(1)
                         .decode(&layer, &x[t * hd..(t + 1) * hd], &mut c)
                         .unwrap(),
                 );

@@ -82,11 +82,11 @@ proptest! {
         let x = rng.normals(t_len * cfg.hidden, 1.0);
         let c0 = random_caches(&cfg, 1, &mut rng);
         let mut a = c0.clone();
-        let whole = CpuHarness { block: 7 }.forward(&l, &x, &[0, t_len], &mut a, InitialCaches::Given).unwrap();
+        let whole = CpuHarness::recurrent(7).forward(&l, &x, &[0, t_len], &mut a, InitialCaches::Given).unwrap();
         let mut b = c0;
         let mut steps = Vec::new();
         for t in 0..t_len {
-            steps.extend(CpuHarness { block: 1 }.decode(&l, &x[t * cfg.hidden..(t + 1) * cfg.hidden], &mut b).unwrap());
+            steps.extend(CpuHarness::recurrent(1).decode(&l, &x[t * cfg.hidden..(t + 1) * cfg.hidden], &mut b).unwrap());
         }
         prop_assert_eq!(whole, steps);
         prop_assert_eq!(a, b);
@@ -99,11 +99,11 @@ proptest! {
         let mut rng = Rng::new(seed ^ 2);
         let x = rng.normals(t_len * cfg.hidden, 1.0);
         let mut a = SequenceCaches::new(&cfg, 1).unwrap();
-        let whole = CpuHarness { block: 64 }.forward(&l, &x, &[0, t_len], &mut a, InitialCaches::Zero).unwrap();
+        let whole = CpuHarness::recurrent(64).forward(&l, &x, &[0, t_len], &mut a, InitialCaches::Zero).unwrap();
         let mut b = SequenceCaches::new(&cfg, 1).unwrap();
         let (x1, x2) = x.split_at(cut * cfg.hidden);
-        let mut parts = CpuHarness { block: 5 }.forward(&l, x1, &[0, cut], &mut b, InitialCaches::Zero).unwrap();
-        parts.extend(CpuHarness { block: 64 }.forward(&l, x2, &[0, t_len - cut], &mut b, InitialCaches::Given).unwrap());
+        let mut parts = CpuHarness::recurrent(5).forward(&l, x1, &[0, cut], &mut b, InitialCaches::Zero).unwrap();
+        parts.extend(CpuHarness::recurrent(64).forward(&l, x2, &[0, t_len - cut], &mut b, InitialCaches::Given).unwrap());
         prop_assert_eq!(whole, parts);
         prop_assert_eq!(a, b);
     }
@@ -118,7 +118,7 @@ proptest! {
         let x = rng.normals(t_len * cfg.hidden, 1.0);
         let c0 = random_caches(&cfg, lens.len(), &mut rng);
         let mut packed_caches = c0.clone();
-        let packed = CpuHarness { block: 4 }.forward(&l, &x, &cu, &mut packed_caches, InitialCaches::Given).unwrap();
+        let packed = CpuHarness::recurrent(4).forward(&l, &x, &cu, &mut packed_caches, InitialCaches::Given).unwrap();
         let (s, c) = (cfg.state_len().unwrap(), cfg.conv_state_len().unwrap());
         for n in 0..lens.len() {
             let mut one = SequenceCaches::new(&cfg, 1).unwrap();
@@ -127,7 +127,7 @@ proptest! {
             one.conv_k.copy_from_slice(&c0.conv_k[n * c..(n + 1) * c]);
             one.conv_v.copy_from_slice(&c0.conv_v[n * c..(n + 1) * c]);
             let xs = &x[cu[n] * cfg.hidden..cu[n + 1] * cfg.hidden];
-            let y = CpuHarness { block: 64 }.forward(&l, xs, &[0, lens[n]], &mut one, InitialCaches::Given).unwrap();
+            let y = CpuHarness::recurrent(64).forward(&l, xs, &[0, lens[n]], &mut one, InitialCaches::Given).unwrap();
             prop_assert_eq!(&y[..], &packed[cu[n] * cfg.hidden..cu[n + 1] * cfg.hidden]);
             prop_assert_eq!(&one.recurrent[..], &packed_caches.recurrent[n * s..(n + 1) * s]);
             prop_assert_eq!(&one.conv_v[..], &packed_caches.conv_v[n * c..(n + 1) * c]);

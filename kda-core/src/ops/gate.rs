@@ -42,19 +42,29 @@ pub fn decay_gate(
         });
     }
     for row in raw.chunks_exact_mut(d) {
-        for h in 0..heads {
-            let a = a_log.map(|a| exp(a.at(h)));
-            for j in 0..head_dim {
-                let i = h * head_dim + j;
-                let x = row[i] + dt_bias.map_or(0.0, |b| b.at(i));
-                row[i] = match form {
-                    DecayGate::Softplus => -a.unwrap_or(1.0) * softplus(x),
-                    DecayGate::LowerBound(lb) => lb * sigmoid(a.map_or(x, |a| a * x)),
-                };
-            }
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = decay_one(form, a_log, dt_bias, i / head_dim, i, *v);
         }
     }
     Ok(())
+}
+
+/// The gate for one element: channel `i` of head `h` (lengths already validated).
+#[inline]
+pub(crate) fn decay_one(
+    form: DecayGate,
+    a_log: Option<Data<'_>>,
+    dt_bias: Option<Data<'_>>,
+    h: usize,
+    i: usize,
+    raw: f32,
+) -> f32 {
+    let a = a_log.map(|a| exp(a.at(h)));
+    let x = raw + dt_bias.map_or(0.0, |b| b.at(i));
+    match form {
+        DecayGate::Softplus => -a.unwrap_or(1.0) * softplus(x),
+        DecayGate::LowerBound(lb) => lb * sigmoid(a.map_or(x, |a| a * x)),
+    }
 }
 
 /// `β = sigmoid(logit)`, in place.

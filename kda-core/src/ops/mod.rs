@@ -7,10 +7,12 @@
 //! | [`gate`] | decay gate (softplus / lower bound) and beta sigmoid |
 //! | [`norm`] | q/k L2 norm and the sigmoid-gated RMSNorm |
 //! | [`recurrent`] | the delta-rule step for one head |
+//! | [`chunked`] | the chunked (WY/UT) form for one head of one sequence |
 //!
 //! Every public function checks its slice lengths and returns [`KdaError`](crate::KdaError)
 //! rather than panicking.
 
+pub mod chunked;
 pub mod conv;
 pub mod gate;
 pub mod linear;

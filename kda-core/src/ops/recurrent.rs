@@ -13,6 +13,7 @@
 
 use crate::error::{check_len, KdaError};
 use crate::math::exp;
+use crate::simd::{self, Isa};
 
 /// One token of the delta rule for one head, in place on `state` `[K, V]`.
 ///
@@ -77,6 +78,89 @@ pub(crate) fn step_unchecked(
             *s += kd * *d;
             *o += qs * *s;
         }
+    }
+}
+
+/// f32 elements of scratch [`recurrent_head`] needs for key dim `k` and value dim `v`.
+pub fn recurrent_scratch_len(k: usize, v: usize) -> usize {
+    k + v
+}
+
+/// The recurrence over `T` rows of one head of one sequence, on the fastest path `isa`:
+/// `q`, `k`, `g` `[T, K]`, `v_o` `[T, V]` (values in, outputs out), `beta` `[T]`, `state`
+/// `[K, V]` in/out, `scratch` at least [`recurrent_scratch_len`]`(K, V)`.
+#[allow(clippy::too_many_arguments)]
+pub fn recurrent_head(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    v_o: &mut [f32],
+    g: &[f32],
+    beta: &[f32],
+    scale: f32,
+    state: &mut [f32],
+    scratch: &mut [f32],
+) -> Result<(), KdaError> {
+    let t_len = beta.len();
+    if t_len == 0 {
+        return Ok(());
+    }
+    let kd = q.len() / t_len;
+    let vd = v_o.len() / t_len;
+    check_len("q", q.len(), t_len * kd)?;
+    check_len("k", k.len(), q.len())?;
+    check_len("g", g.len(), q.len())?;
+    check_len("v", v_o.len(), t_len * vd)?;
+    check_len("state", state.len(), kd * vd)?;
+    if scratch.len() < kd + vd {
+        return Err(KdaError::TooSmall {
+            arg: "recurrent scratch",
+            needed: kd + vd,
+            actual: scratch.len(),
+        });
+    }
+    let (decay, rest) = scratch.split_at_mut(kd);
+    let out = &mut rest[..vd];
+    for t in 0..t_len {
+        let row = t * kd..(t + 1) * kd;
+        decay.copy_from_slice(&g[row.clone()]);
+        simd::exp_in_place(isa, decay);
+        let vrow = &mut v_o[t * vd..(t + 1) * vd];
+        fused_step(isa, state, &q[row.clone()], &k[row], vrow, decay, beta[t], scale, out);
+        vrow.copy_from_slice(out);
+    }
+    Ok(())
+}
+
+/// One token with precomputed decay factors `e^{g}`: two passes over the state, each row
+/// loaded and stored once per pass. `v` becomes δ; `out` receives `o`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn fused_step(
+    isa: Isa,
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &mut [f32],
+    decay: &[f32],
+    beta: f32,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let vd = v.len();
+    if vd == 0 {
+        return;
+    }
+    out.fill(0.0);
+    for ((row, &kd), &a) in state.chunks_exact_mut(vd).zip(k).zip(decay) {
+        simd::decay_predict(isa, row, a, kd, out);
+    }
+    for (x, p) in v.iter_mut().zip(out.iter()) {
+        *x = beta * (*x - *p);
+    }
+    out.fill(0.0);
+    for ((row, &kd), &qd) in state.chunks_exact_mut(vd).zip(k).zip(q) {
+        simd::write_read(isa, row, kd, v, qd * scale, out);
     }
 }
 

@@ -1,0 +1,509 @@
+//! The chunked (WY/UT) form of the delta rule for one head of one sequence (spec §5–6).
+//!
+//! Per chunk of `L ≤ C` tokens, with `b_r` the chunk-local cumulative log-decay and
+//! `Δ = (I + A_kk)⁻¹ · diag(β)(V − (K⊙e^{b}) S₀)` the innovations:
+//!
+//! ```text
+//! O      = scale·(Q⊙e^{b}) S₀ + A_qk Δ
+//! S_next = diag(e^{b_{L−1}}) S₀ + (K⊙e^{b_{L−1}−b})ᵀ Δ
+//! ```
+//! with `A_kk[i,j] = β_i Σ_d k_id k_jd e^{b_id−b_jd}` (`j < i`) and
+//! `A_qk[i,j] = scale Σ_d q_id k_jd e^{b_id−b_jd}` (`j ≤ i`). Δ comes from a blockwise forward
+//! substitution directly on the right-hand side (no explicit inverse and no `W`/`U` matrices:
+//! one `[L×K]·[K×V]` product instead of two).
+//!
+//! **Exponents.** Every exponent is a difference of cumulative sums that is ≤ 0, except on the
+//! 16-row diagonal blocks of `A`, which use the block's first row as reference (factors up to
+//! `e^{spread}`); that is done only when the block's decay spread is ≤ 80 (so every factor is a
+//! normal f32), and the block falls back to per-pair exponents otherwise. So any gate ≤ 0 works —
+//! hard resets (−1000) and the unbounded softplus gate included — where fla's fast path
+//! returns inf/NaN. Cumulative sums are kept as an f32 pair (value + rounding error), so a
+//! difference of two sums near −1000 is still exact to f32 precision.
+//!
+//! Gates must be ≤ 0 (both gate forms guarantee it); NaN propagates.
+
+use crate::error::{check_len, KdaError};
+use crate::simd::{self, Isa};
+
+/// Rows of the diagonal blocks of `A`.
+const SUB: usize = 16;
+/// Largest decay spread (in nats) across one diagonal block for the factorised form.
+const MAX_SPREAD: f32 = 80.0;
+
+/// Largest supported chunk size.
+pub const MAX_CHUNK: usize = 256;
+
+/// The scratch slices of one chunk, carved from the caller's buffer.
+struct Scratch<'a> {
+    bh: &'a mut [f32],
+    bl: &'a mut [f32],
+    qg: &'a mut [f32],
+    kgam: &'a mut [f32],
+    kg: &'a mut [f32],
+    kgt: &'a mut [f32],
+    qt: &'a mut [f32],
+    kt: &'a mut [f32],
+    kht: &'a mut [f32],
+    aqk: &'a mut [f32],
+    nakk: &'a mut [f32],
+    r: &'a mut [f32],
+    o: &'a mut [f32],
+    ex: &'a mut [f32],
+}
+
+/// f32 elements of scratch [`chunked_head`] needs for chunk size `chunk`, key dim `k`, value
+/// dim `v` (0 for an invalid chunk size).
+pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
+    if chunk == 0 || chunk > MAX_CHUNK {
+        return 0;
+    }
+    let c = chunk;
+    // bh, bl, qg, kgam, kg, kgt, kht: 7·C·K; qt, kt: 2·16·K; aqk, nakk: 2·C²; r, o: 2·C·V; ex: K.
+    // Saturating: an impossible size makes the caller's workspace check fail, not overflow.
+    (7 * c)
+        .saturating_mul(k)
+        .saturating_add((2 * SUB).saturating_mul(k))
+        .saturating_add(2 * c * c)
+        .saturating_add((2 * c).saturating_mul(v))
+        .saturating_add(k)
+}
+
+fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
+    let (bh, rest) = buf.split_at_mut(c * k);
+    let (bl, rest) = rest.split_at_mut(c * k);
+    let (qg, rest) = rest.split_at_mut(c * k);
+    let (kgam, rest) = rest.split_at_mut(c * k);
+    let (kg, rest) = rest.split_at_mut(c * k);
+    let (kgt, rest) = rest.split_at_mut(c * k);
+    let (kht, rest) = rest.split_at_mut(c * k);
+    let (qt, rest) = rest.split_at_mut(SUB * k);
+    let (kt, rest) = rest.split_at_mut(SUB * k);
+    let (aqk, rest) = rest.split_at_mut(c * c);
+    let (nakk, rest) = rest.split_at_mut(c * c);
+    let (r, rest) = rest.split_at_mut(c * v);
+    let (o, rest) = rest.split_at_mut(c * v);
+    let ex = &mut rest[..k];
+    Scratch {
+        bh,
+        bl,
+        qg,
+        kgam,
+        kg,
+        kgt,
+        qt,
+        kt,
+        kht,
+        aqk,
+        nakk,
+        r,
+        o,
+        ex,
+    }
+}
+
+/// Runs the chunked delta rule over `T` rows of one head of one sequence, in place.
+///
+/// * `q`, `k`, `g`: `[T, K]` (q and k L2-normalised; `g` the log-decay, ≤ 0).
+/// * `v_o`: `[T, V]` values in, outputs out. `beta`: `[T]`.
+/// * `state`: `[K, V]` K-first, initial in, final out.
+/// * `chunk`: chunk size `C` (1..=[`MAX_CHUNK`]); `first`: length of the first chunk (to keep a
+///   sequence's chunk grid when it arrives in pieces), `1..=C`; later chunks are `C` long, the
+///   last one partial.
+/// * `scratch`: at least [`chunked_scratch_len`]`(C, K, V)` elements.
+#[allow(clippy::too_many_arguments)]
+pub fn chunked_head(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    v_o: &mut [f32],
+    g: &[f32],
+    beta: &[f32],
+    scale: f32,
+    state: &mut [f32],
+    chunk: usize,
+    first: usize,
+    scratch: &mut [f32],
+) -> Result<(), KdaError> {
+    let t_len = beta.len();
+    if chunk == 0 || chunk > MAX_CHUNK {
+        return Err(KdaError::Config {
+            field: "chunk_size",
+            reason: "must be between 1 and 256",
+        });
+    }
+    if t_len == 0 {
+        return Ok(());
+    }
+    if q.len() % t_len != 0 || q.is_empty() {
+        return Err(KdaError::Length {
+            arg: "q",
+            expected: t_len * (q.len() / t_len).max(1),
+            actual: q.len(),
+        });
+    }
+    let kd = q.len() / t_len;
+    check_len("k", k.len(), q.len())?;
+    check_len("g", g.len(), q.len())?;
+    if v_o.len() % t_len != 0 || v_o.is_empty() {
+        return Err(KdaError::Length {
+            arg: "v",
+            expected: t_len * (v_o.len() / t_len).max(1),
+            actual: v_o.len(),
+        });
+    }
+    let vd = v_o.len() / t_len;
+    check_len("state", state.len(), kd * vd)?;
+    let need = chunked_scratch_len(chunk, kd, vd);
+    if scratch.len() < need {
+        return Err(KdaError::TooSmall {
+            arg: "chunk scratch",
+            needed: need,
+            actual: scratch.len(),
+        });
+    }
+    let mut sc = carve(scratch, chunk, kd, vd);
+    let mut c0 = 0;
+    let mut len = first.clamp(1, chunk);
+    while c0 < t_len {
+        let l = len.min(t_len - c0);
+        let ok = one_chunk(
+            isa,
+            &q[c0 * kd..(c0 + l) * kd],
+            &k[c0 * kd..(c0 + l) * kd],
+            &mut v_o[c0 * vd..(c0 + l) * vd],
+            &g[c0 * kd..(c0 + l) * kd],
+            &beta[c0..c0 + l],
+            scale,
+            state,
+            kd,
+            vd,
+            &mut sc,
+        );
+        if !ok {
+            return Err(KdaError::Internal {
+                what: "chunked kernel shapes",
+            });
+        }
+        c0 += l;
+        len = chunk;
+    }
+    Ok(())
+}
+
+/// `(b_i − b_j)[d]` from the compensated cumulative sums.
+#[inline(always)]
+fn diff(bh: &[f32], bl: &[f32], i: usize, j: usize, d: usize, kd: usize) -> f32 {
+    (bh[i * kd + d] - bh[j * kd + d]) + (bl[i * kd + d] - bl[j * kd + d])
+}
+
+/// One chunk of `l` rows. Returns false only on an internal shape bug.
+#[allow(clippy::too_many_arguments)]
+fn one_chunk(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    v_o: &mut [f32],
+    g: &[f32],
+    beta: &[f32],
+    scale: f32,
+    state: &mut [f32],
+    kd: usize,
+    vd: usize,
+    sc: &mut Scratch<'_>,
+) -> bool {
+    let l = beta.len();
+    let (bh, bl) = (&mut sc.bh[..l * kd], &mut sc.bl[..l * kd]);
+
+    // 1. Compensated chunk-local cumulative sums (TwoSum per step).
+    for d in 0..kd {
+        bh[d] = g[d];
+        bl[d] = 0.0;
+    }
+    for r in 1..l {
+        let (prev, cur) = bh.split_at_mut(r * kd);
+        let (lprev, lcur) = bl.split_at_mut(r * kd);
+        let (ph, pl) = (&prev[(r - 1) * kd..], &lprev[(r - 1) * kd..]);
+        for d in 0..kd {
+            let (a, x) = (ph[d], g[r * kd + d]);
+            let s = a + x;
+            let bp = s - a;
+            let err = (a - (s - bp)) + (x - bp);
+            cur[d] = s;
+            lcur[d] = pl[d] + err;
+        }
+    }
+    let (bh, bl) = (&*bh, &*bl);
+
+    // 2. Row factors against the chunk start (e^{b_r} ≤ 1): qg = scale·q⊙e^{b}, kgam = k⊙e^{b};
+    //    and kg = k ⊙ e^{b_{l−1} − b_j} (≤ 1), stored transposed [K, l].
+    let qg = &mut sc.qg[..l * kd];
+    let kgam = &mut sc.kgam[..l * kd];
+    let kg = &mut sc.kg[..l * kd];
+    for r in 0..l {
+        let row = r * kd..(r + 1) * kd;
+        for d in 0..kd {
+            qg[r * kd + d] = bh[r * kd + d] + bl[r * kd + d];
+            kg[r * kd + d] = diff(bh, bl, l - 1, r, d, kd);
+        }
+        simd::exp_in_place(isa, &mut qg[row.clone()]);
+        simd::exp_in_place(isa, &mut kg[row.clone()]);
+        for d in 0..kd {
+            let gm = qg[r * kd + d];
+            kgam[r * kd + d] = k[r * kd + d] * gm;
+            qg[r * kd + d] = scale * q[r * kd + d] * gm;
+            kg[r * kd + d] *= k[r * kd + d];
+        }
+    }
+    let kgt = &mut sc.kgt[..kd * l];
+    for r in 0..l {
+        for d in 0..kd {
+            kgt[d * l + r] = kg[r * kd + d];
+        }
+    }
+    // Decay of the whole chunk, e^{b_{l−1}}, per key row.
+    let ex = &mut *sc.ex;
+    for d in 0..kd {
+        ex[d] = bh[(l - 1) * kd + d] + bl[(l - 1) * kd + d];
+    }
+    simd::exp_in_place(isa, ex);
+
+    // 3. A_qk (scaled, j ≤ i) and −A_kk (β-scaled rows, j < i), by 16-row blocks.
+    let aqk = &mut sc.aqk[..l * l];
+    let nakk = &mut sc.nakk[..l * l];
+    aqk.fill(0.0);
+    nakk.fill(0.0);
+    let mut a0 = 0;
+    while a0 < l {
+        let a1 = (a0 + SUB).min(l);
+        let rows = a1 - a0;
+        let spread = (0..kd)
+            .map(|d| -diff(bh, bl, a1 - 1, a0, d, kd))
+            .fold(0.0f32, |m, s| if s > m || s.is_nan() { s } else { m });
+        let factorised = spread <= MAX_SPREAD;
+        // Columns covered by the product: all earlier rows, plus this block when factorised.
+        let cols = if factorised { a1 } else { a0 };
+        let (qt, kt) = (&mut sc.qt[..rows * kd], &mut sc.kt[..rows * kd]);
+        for i in a0..a1 {
+            let row = (i - a0) * kd..(i - a0 + 1) * kd;
+            for d in 0..kd {
+                qt[(i - a0) * kd + d] = diff(bh, bl, i, a0, d, kd);
+            }
+            simd::exp_in_place(isa, &mut qt[row.clone()]);
+            for d in 0..kd {
+                let f = qt[(i - a0) * kd + d];
+                qt[(i - a0) * kd + d] = q[i * kd + d] * f;
+                kt[(i - a0) * kd + d] = k[i * kd + d] * f;
+            }
+        }
+        if cols > 0 {
+            // k̂ᵀ [K, cols]: k_j ⊙ e^{b_{a0} − b_j}, built row by row then transposed.
+            let kht = &mut sc.kht[..kd * cols];
+            let tmp = &mut sc.o[..kd];
+            for j in 0..cols {
+                for d in 0..kd {
+                    tmp[d] = diff(bh, bl, a0, j, d, kd);
+                }
+                simd::exp_in_place(isa, tmp);
+                for d in 0..kd {
+                    kht[d * cols + j] = k[j * kd + d] * tmp[d];
+                }
+            }
+            let ok1 = simd::gemm_acc(isa, rows, cols, kd, qt, kd, kht, cols, &mut aqk[a0 * l..], l);
+            let ok2 = simd::gemm_acc(isa, rows, cols, kd, kt, kd, kht, cols, &mut nakk[a0 * l..], l);
+            if !(ok1 && ok2) {
+                return false;
+            }
+        }
+        if !factorised {
+            // Per-pair exponents on the diagonal block (each exponent ≤ 0).
+            for i in a0..a1 {
+                for j in a0..=i {
+                    let (mut sq, mut sk) = (0.0f32, 0.0f32);
+                    for d in 0..kd {
+                        let e = libm::expf(diff(bh, bl, i, j, d, kd));
+                        sq += q[i * kd + d] * k[j * kd + d] * e;
+                        sk += k[i * kd + d] * k[j * kd + d] * e;
+                    }
+                    aqk[i * l + j] = sq;
+                    nakk[i * l + j] = sk;
+                }
+            }
+        }
+        for i in a0..a1 {
+            let nb = -beta[i];
+            for j in 0..l {
+                let e = i * l + j;
+                aqk[e] = if j <= i { aqk[e] * scale } else { 0.0 };
+                nakk[e] = if j < i { nakk[e] * nb } else { 0.0 };
+            }
+        }
+        a0 = a1;
+    }
+
+    // 4. Right-hand side R = diag(β)(V − kgam·S₀), then Δ = (I + A_kk)⁻¹ R by blocks.
+    let r = &mut sc.r[..l * vd];
+    r.fill(0.0);
+    if !simd::gemm_acc(isa, l, vd, kd, kgam, kd, state, vd, r, vd) {
+        return false;
+    }
+    for i in 0..l {
+        let b = beta[i];
+        for e in 0..vd {
+            r[i * vd + e] = b * (v_o[i * vd + e] - r[i * vd + e]);
+        }
+    }
+    let mut a0 = 0;
+    while a0 < l {
+        let a1 = (a0 + SUB).min(l);
+        if a0 > 0 {
+            let (done, cur) = r.split_at_mut(a0 * vd);
+            if !simd::gemm_acc(isa, a1 - a0, vd, a0, &nakk[a0 * l..], l, done, vd, cur, vd) {
+                return false;
+            }
+        }
+        for i in a0 + 1..a1 {
+            let (done, cur) = r.split_at_mut(i * vd);
+            let cur = &mut cur[..vd];
+            for j in a0..i {
+                simd::axpy(isa, nakk[i * l + j], &done[j * vd..(j + 1) * vd], cur);
+            }
+        }
+        a0 = a1;
+    }
+    let delta = &*r;
+
+    // 5. O = qg·S₀ + A_qk·Δ (A_qk lower triangular: each block uses columns up to its end).
+    let o = &mut sc.o[..l * vd];
+    o.fill(0.0);
+    if !simd::gemm_acc(isa, l, vd, kd, qg, kd, state, vd, o, vd) {
+        return false;
+    }
+    let mut a0 = 0;
+    while a0 < l {
+        let a1 = (a0 + SUB).min(l);
+        if !simd::gemm_acc(isa, a1 - a0, vd, a1, &aqk[a0 * l..], l, delta, vd, &mut o[a0 * vd..], vd) {
+            return false;
+        }
+        a0 = a1;
+    }
+
+    // 6. S ← diag(e^{b_{l−1}}) S + kgᵀ Δ.
+    for d in 0..kd {
+        let f = ex[d];
+        for s in &mut state[d * vd..(d + 1) * vd] {
+            *s *= f;
+        }
+    }
+    if !simd::gemm_acc(isa, kd, vd, l, kgt, l, delta, vd, state, vd) {
+        return false;
+    }
+    v_o.copy_from_slice(o);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
+    use std::vec::Vec;
+
+    struct Case {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        g: Vec<f32>,
+        beta: Vec<f32>,
+        s0: Vec<f32>,
+    }
+
+    fn rng(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn unit_rows(x: &mut [f32], kd: usize) {
+        for r in x.chunks_mut(kd) {
+            let n = r.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+            r.iter_mut().for_each(|v| *v /= n);
+        }
+    }
+
+    /// `gate`: 0 = logsigmoid-like small decays, 1 = with −1000 resets, 2 = large softplus-like.
+    fn case(t: usize, kd: usize, vd: usize, gate: u8, seed: u64) -> Case {
+        let mut s = seed;
+        let mut q: Vec<f32> = (0..t * kd).map(|_| rng(&mut s)).collect();
+        let mut k: Vec<f32> = (0..t * kd).map(|_| rng(&mut s)).collect();
+        unit_rows(&mut q, kd);
+        unit_rows(&mut k, kd);
+        let v = (0..t * vd).map(|_| rng(&mut s)).collect();
+        let g = (0..t * kd)
+            .map(|_| {
+                let u = rng(&mut s);
+                match gate {
+                    0 => -0.05 * (1.0 + u),
+                    1 if u > 0.97 => -1000.0,
+                    1 => -0.1 * (1.0 + u),
+                    _ => -8.0 * (1.0 + u) * (1.0 + u),
+                }
+            })
+            .collect();
+        let beta = (0..t).map(|_| 0.5 + 0.5 * rng(&mut s)).collect();
+        let s0 = (0..kd * vd).map(|_| 0.5 * rng(&mut s)).collect();
+        Case { q, k, v, g, beta, s0 }
+    }
+
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        let n: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let d: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+        (n / d.max(1e-300)).sqrt()
+    }
+
+    fn run_both(c: &Case, kd: usize, vd: usize, chunk: usize, first: usize, isa: Isa) -> (f64, f64) {
+        let scale = 1.0 / (kd as f32).sqrt();
+        let (mut vr, mut sr) = (c.v.clone(), c.s0.clone());
+        let mut scr = std::vec![0.0; recurrent_scratch_len(kd, vd)];
+        recurrent_head(Isa::Portable, &c.q, &c.k, &mut vr, &c.g, &c.beta, scale, &mut sr, &mut scr).unwrap();
+        let (mut vc, mut scc) = (c.v.clone(), c.s0.clone());
+        let mut scr = std::vec![0.0; chunked_scratch_len(chunk, kd, vd)];
+        chunked_head(isa, &c.q, &c.k, &mut vc, &c.g, &c.beta, scale, &mut scc, chunk, first, &mut scr).unwrap();
+        assert!(vc.iter().chain(&scc).all(|x| x.is_finite()), "non-finite chunked result");
+        (rel(&vc, &vr), rel(&scc, &sr))
+    }
+
+    #[test]
+    fn chunked_equals_recurrent_across_shapes_gates_and_paths() {
+        for isa in Isa::all_supported() {
+            for &(t, kd, chunk) in &[(1usize, 16usize, 16usize), (15, 16, 16), (17, 32, 16), (63, 32, 32), (65, 64, 64), (200, 16, 64), (130, 128, 64), (100, 8, 32)] {
+                for gate in 0..3u8 {
+                    let c = case(t, kd, kd, gate, (t * 31 + kd + gate as usize) as u64);
+                    let (eo, es) = run_both(&c, kd, kd, chunk, chunk, isa);
+                    assert!(eo <= 1e-5 && es <= 1e-5, "{isa:?} T{t} K{kd} C{chunk} gate{gate}: o {eo:.2e} S {es:.2e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn first_chunk_length_and_value_dim_differ() {
+        let c = case(50, 16, 24, 1, 7);
+        for first in [1usize, 5, 16] {
+            let (eo, es) = run_both(&c, 16, 24, 16, first, Isa::detect());
+            assert!(eo <= 1e-5 && es <= 1e-5, "first {first}: {eo:.2e} {es:.2e}");
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        let c = case(4, 8, 8, 0, 1);
+        let (mut v, mut s) = (c.v.clone(), c.s0.clone());
+        let mut scr = std::vec![0.0; 10];
+        let e = chunked_head(Isa::Portable, &c.q, &c.k, &mut v, &c.g, &c.beta, 1.0, &mut s, 16, 16, &mut scr);
+        assert!(matches!(e, Err(KdaError::TooSmall { .. })));
+        let e = chunked_head(Isa::Portable, &c.q, &c.k, &mut v, &c.g, &c.beta, 1.0, &mut s, 0, 1, &mut scr);
+        assert!(matches!(e, Err(KdaError::Config { .. })));
+        let e = chunked_head(Isa::Portable, &c.q[1..], &c.k, &mut v, &c.g, &c.beta, 1.0, &mut s, 16, 16, &mut scr);
+        assert!(e.is_err());
+    }
+}

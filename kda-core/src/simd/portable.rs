@@ -1,0 +1,99 @@
+//! Portable kernels: plain loops over fixed-width lanes that the compiler vectorises for any
+//! target. They define the reference results the other paths are tested against.
+
+use half::bf16;
+
+const LANES: usize = 8;
+
+#[inline(always)]
+fn reduce(acc: [f32; LANES]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+#[inline(always)]
+fn dot_with<W: Copy>(x: &[f32], w: &[W], widen: impl Fn(W) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let xc = x.chunks_exact(LANES);
+    let wc = w.chunks_exact(LANES);
+    let (xr, wr) = (xc.remainder(), wc.remainder());
+    for (xs, ws) in xc.zip(wc) {
+        for l in 0..LANES {
+            acc[l] += xs[l] * widen(ws[l]);
+        }
+    }
+    for (l, (a, b)) in xr.iter().zip(wr.iter()).enumerate() {
+        acc[l] += a * widen(*b);
+    }
+    reduce(acc)
+}
+
+#[inline(always)]
+pub(crate) fn bf16_to_f32(v: bf16) -> f32 {
+    f32::from_bits((v.to_bits() as u32) << 16)
+}
+
+pub(super) fn dot(x: &[f32], w: &[f32]) -> f32 {
+    dot_with(x, w, |v| v)
+}
+
+pub(super) fn dot_bf16(x: &[f32], w: &[bf16]) -> f32 {
+    dot_with(x, w, bf16_to_f32)
+}
+
+pub(super) fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
+    x.map(|r| dot(r, w))
+}
+
+pub(super) fn dot4_bf16(x: [&[f32]; 4], w: &[bf16]) -> [f32; 4] {
+    x.map(|r| dot_bf16(r, w))
+}
+
+pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * *x;
+    }
+}
+
+pub(super) fn decay_predict(s: &mut [f32], decay: f32, k: f32, p: &mut [f32]) {
+    for (s, p) in s.iter_mut().zip(p.iter_mut()) {
+        *s *= decay;
+        *p += k * *s;
+    }
+}
+
+pub(super) fn write_read(s: &mut [f32], k: f32, delta: &[f32], q: f32, o: &mut [f32]) {
+    for ((s, d), o) in s.iter_mut().zip(delta).zip(o.iter_mut()) {
+        *s += k * *d;
+        *o += q * *s;
+    }
+}
+
+pub(super) fn exp_in_place(x: &mut [f32]) {
+    for v in x {
+        *v = libm::expf(*v);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_acc(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    for i in 0..m {
+        let crow = &mut c[i * ldc..i * ldc + n];
+        for p in 0..k {
+            let av = a[i * lda + p];
+            let brow = &b[p * ldb..p * ldb + n];
+            for (c, b) in crow.iter_mut().zip(brow) {
+                *c += av * *b;
+            }
+        }
+    }
+}
