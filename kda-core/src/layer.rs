@@ -53,15 +53,16 @@ pub enum Mode {
     Chunked,
 }
 
-/// Default chunk size. Measured on this project's reference CPU (AMD EPYC, AVX2+FMA, one
-/// thread, K = V = 128, T = 4096): 64 beats 32 by ~10 % and 16 by ~35 %; bigger chunks add
-/// `O(C)` per-token work in the intra-chunk products and stop paying.
-pub const DEFAULT_CHUNK: usize = 64;
+/// Default chunk size, chosen by measurement (`cargo bench -p kda-core --bench delta_rule`,
+/// AMD EPYC with AVX2+FMA, one thread, K = V = 128): at T = 4096, C = 16 runs at ~61 % of the
+/// FMA peak, C = 32 at ~58 %, C = 64 at ~50 %. The state products are efficient GEMMs at any
+/// of these sizes, so the per-token intra-chunk work, which grows with C, decides.
+pub const DEFAULT_CHUNK: usize = 16;
 
-/// In [`Mode::Auto`], sequences at least this long run chunked. Measured: at K = 128 the
-/// chunked kernel overtakes the recurrence from about 32 tokens (one partial chunk costs less
-/// than that many state sweeps).
-pub const AUTO_CHUNK_MIN_TOKENS: usize = 32;
+/// In [`Mode::Auto`], sequences at least this long run chunked. Measured (same machine,
+/// K ∈ {16, 32, 64, 128}, chunk 16): the chunked kernel is slower than the recurrence for 2–4
+/// tokens (by up to 1.4×) and faster from 8 tokens on (0.4–0.8× the time).
+pub const AUTO_CHUNK_MIN_TOKENS: usize = 8;
 
 /// Options of a forward call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

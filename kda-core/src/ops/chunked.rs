@@ -196,9 +196,64 @@ fn diff(bh: &[f32], bl: &[f32], i: usize, j: usize, d: usize, kd: usize) -> f32 
     (bh[i * kd + d] - bh[j * kd + d]) + (bl[i * kd + d] - bl[j * kd + d])
 }
 
-/// One chunk of `l` rows. Returns false only on an internal shape bug.
+/// `out = b_i − b_j` for a whole row (vectorisable).
+#[inline(always)]
+fn diff_row(out: &mut [f32], bh: &[f32], bl: &[f32], i: usize, j: usize, kd: usize) {
+    let (hi, hj) = (&bh[i * kd..(i + 1) * kd], &bh[j * kd..(j + 1) * kd]);
+    let (li, lj) = (&bl[i * kd..(i + 1) * kd], &bl[j * kd..(j + 1) * kd]);
+    for ((((o, a), b), c), d) in out.iter_mut().zip(hi).zip(hj).zip(li).zip(lj) {
+        *o = (a - b) + (c - d);
+    }
+}
+
+/// Runs one chunk on the requested path. The AVX2 variant is the same code compiled with AVX2
+/// and FMA enabled, so its plain loops vectorise 8 wide.
 #[allow(clippy::too_many_arguments)]
 fn one_chunk(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    v_o: &mut [f32],
+    g: &[f32],
+    beta: &[f32],
+    scale: f32,
+    state: &mut [f32],
+    kd: usize,
+    vd: usize,
+    sc: &mut Scratch<'_>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && isa.is_supported() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked just above); the function has no
+        // other requirement (it is safe Rust compiled with those features enabled).
+        return unsafe { one_chunk_avx2(isa, q, k, v_o, g, beta, scale, state, kd, vd, sc) };
+    }
+    one_chunk_body(isa, q, k, v_o, g, beta, scale, state, kd, vd, sc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_chunk_avx2(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    v_o: &mut [f32],
+    g: &[f32],
+    beta: &[f32],
+    scale: f32,
+    state: &mut [f32],
+    kd: usize,
+    vd: usize,
+    sc: &mut Scratch<'_>,
+) -> bool {
+    one_chunk_body(isa, q, k, v_o, g, beta, scale, state, kd, vd, sc)
+}
+
+/// One chunk of `l` rows. Returns false only on an internal shape bug.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn one_chunk_body(
     isa: Isa,
     q: &[f32],
     k: &[f32],
@@ -215,21 +270,19 @@ fn one_chunk(
     let (bh, bl) = (&mut sc.bh[..l * kd], &mut sc.bl[..l * kd]);
 
     // 1. Compensated chunk-local cumulative sums (TwoSum per step).
-    for d in 0..kd {
-        bh[d] = g[d];
-        bl[d] = 0.0;
-    }
+    bh[..kd].copy_from_slice(&g[..kd]);
+    bl[..kd].fill(0.0);
     for r in 1..l {
         let (prev, cur) = bh.split_at_mut(r * kd);
         let (lprev, lcur) = bl.split_at_mut(r * kd);
         let (ph, pl) = (&prev[(r - 1) * kd..], &lprev[(r - 1) * kd..]);
-        for d in 0..kd {
-            let (a, x) = (ph[d], g[r * kd + d]);
+        let gr = &g[r * kd..(r + 1) * kd];
+        for ((((c, lc), &a), &pl), &x) in cur[..kd].iter_mut().zip(&mut lcur[..kd]).zip(ph).zip(pl).zip(gr) {
             let s = a + x;
             let bp = s - a;
             let err = (a - (s - bp)) + (x - bp);
-            cur[d] = s;
-            lcur[d] = pl[d] + err;
+            *c = s;
+            *lc = pl + err;
         }
     }
     let (bh, bl) = (&*bh, &*bl);
@@ -241,29 +294,34 @@ fn one_chunk(
     let kg = &mut sc.kg[..l * kd];
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
-        for d in 0..kd {
-            qg[r * kd + d] = bh[r * kd + d] + bl[r * kd + d];
-            kg[r * kd + d] = diff(bh, bl, l - 1, r, d, kd);
+        for ((o, a), b) in qg[row.clone()].iter_mut().zip(&bh[row.clone()]).zip(&bl[row.clone()]) {
+            *o = a + b;
         }
+        diff_row(&mut kg[row.clone()], bh, bl, l - 1, r, kd);
         simd::exp_in_place(isa, &mut qg[row.clone()]);
         simd::exp_in_place(isa, &mut kg[row.clone()]);
-        for d in 0..kd {
-            let gm = qg[r * kd + d];
-            kgam[r * kd + d] = k[r * kd + d] * gm;
-            qg[r * kd + d] = scale * q[r * kd + d] * gm;
-            kg[r * kd + d] *= k[r * kd + d];
+        let (qr, kr) = (&q[row.clone()], &k[row.clone()]);
+        for ((((qg, kgam), kg), &qv), &kv) in qg[row.clone()]
+            .iter_mut()
+            .zip(&mut kgam[row.clone()])
+            .zip(&mut kg[row])
+            .zip(qr)
+            .zip(kr)
+        {
+            let gm = *qg;
+            *kgam = kv * gm;
+            *qg = scale * qv * gm;
+            *kg *= kv;
         }
     }
     let kgt = &mut sc.kgt[..kd * l];
-    for r in 0..l {
-        for d in 0..kd {
-            kgt[d * l + r] = kg[r * kd + d];
-        }
+    if !simd::transpose(isa, l, kd, kg, kd, kgt, l) {
+        return false;
     }
     // Decay of the whole chunk, e^{b_{l−1}}, per key row.
     let ex = &mut *sc.ex;
-    for d in 0..kd {
-        ex[d] = bh[(l - 1) * kd + d] + bl[(l - 1) * kd + d];
+    for ((o, a), b) in ex.iter_mut().zip(&bh[(l - 1) * kd..]).zip(&bl[(l - 1) * kd..]) {
+        *o = a + b;
     }
     simd::exp_in_place(isa, ex);
 
@@ -276,41 +334,42 @@ fn one_chunk(
     while a0 < l {
         let a1 = (a0 + SUB).min(l);
         let rows = a1 - a0;
-        let spread = (0..kd)
-            .map(|d| -diff(bh, bl, a1 - 1, a0, d, kd))
-            .fold(0.0f32, |m, s| if s > m || s.is_nan() { s } else { m });
+        let tmp = &mut sc.o[..kd];
+        diff_row(tmp, bh, bl, a0, a1 - 1, kd);
+        let spread = tmp
+            .iter()
+            .fold(0.0f32, |m, &s| if s > m || s.is_nan() { s } else { m });
         let factorised = spread <= MAX_SPREAD;
         // Columns covered by the product: all earlier rows, plus this block when factorised.
         let cols = if factorised { a1 } else { a0 };
         let (qt, kt) = (&mut sc.qt[..rows * kd], &mut sc.kt[..rows * kd]);
         for i in a0..a1 {
             let row = (i - a0) * kd..(i - a0 + 1) * kd;
-            for d in 0..kd {
-                qt[(i - a0) * kd + d] = diff(bh, bl, i, a0, d, kd);
-            }
+            diff_row(&mut qt[row.clone()], bh, bl, i, a0, kd);
             simd::exp_in_place(isa, &mut qt[row.clone()]);
-            for d in 0..kd {
-                let f = qt[(i - a0) * kd + d];
-                qt[(i - a0) * kd + d] = q[i * kd + d] * f;
-                kt[(i - a0) * kd + d] = k[i * kd + d] * f;
+            let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
+            for (((qt, kt), &qv), &kv) in qt[row.clone()].iter_mut().zip(&mut kt[row]).zip(qi).zip(ki) {
+                let f = *qt;
+                *qt = qv * f;
+                *kt = kv * f;
             }
         }
         if cols > 0 {
-            // k̂ᵀ [K, cols]: k_j ⊙ e^{b_{a0} − b_j}, built row by row then transposed.
-            let kht = &mut sc.kht[..kd * cols];
-            let tmp = &mut sc.o[..kd];
+            // k̂ [cols, K]: k_j ⊙ e^{b_{a0} − b_j}, then transposed to [K, cols].
+            let kh = &mut sc.kg[..cols * kd];
             for j in 0..cols {
-                for d in 0..kd {
-                    tmp[d] = diff(bh, bl, a0, j, d, kd);
-                }
-                simd::exp_in_place(isa, tmp);
-                for d in 0..kd {
-                    kht[d * cols + j] = k[j * kd + d] * tmp[d];
+                let row = &mut kh[j * kd..(j + 1) * kd];
+                diff_row(row, bh, bl, a0, j, kd);
+                simd::exp_in_place(isa, row);
+                for (o, &kv) in row.iter_mut().zip(&k[j * kd..(j + 1) * kd]) {
+                    *o *= kv;
                 }
             }
+            let kht = &mut sc.kht[..kd * cols];
+            let ok0 = simd::transpose(isa, cols, kd, kh, kd, kht, cols);
             let ok1 = simd::gemm_acc(isa, rows, cols, kd, qt, kd, kht, cols, &mut aqk[a0 * l..], l);
             let ok2 = simd::gemm_acc(isa, rows, cols, kd, kt, kd, kht, cols, &mut nakk[a0 * l..], l);
-            if !(ok1 && ok2) {
+            if !(ok0 && ok1 && ok2) {
                 return false;
             }
         }
@@ -331,10 +390,10 @@ fn one_chunk(
         }
         for i in a0..a1 {
             let nb = -beta[i];
-            for j in 0..l {
-                let e = i * l + j;
-                aqk[e] = if j <= i { aqk[e] * scale } else { 0.0 };
-                nakk[e] = if j < i { nakk[e] * nb } else { 0.0 };
+            let (qa, na) = (&mut aqk[i * l..(i + 1) * l], &mut nakk[i * l..(i + 1) * l]);
+            for (j, (x, y)) in qa.iter_mut().zip(na.iter_mut()).enumerate() {
+                *x = if j <= i { *x * scale } else { 0.0 };
+                *y = if j < i { *y * nb } else { 0.0 };
             }
         }
         a0 = a1;
@@ -346,10 +405,9 @@ fn one_chunk(
     if !simd::gemm_acc(isa, l, vd, kd, kgam, kd, state, vd, r, vd) {
         return false;
     }
-    for i in 0..l {
-        let b = beta[i];
-        for e in 0..vd {
-            r[i * vd + e] = b * (v_o[i * vd + e] - r[i * vd + e]);
+    for ((rr, vr), &b) in r.chunks_exact_mut(vd).zip(v_o.chunks_exact(vd)).zip(beta) {
+        for (x, &v) in rr.iter_mut().zip(vr) {
+            *x = b * (v - *x);
         }
     }
     let mut a0 = 0;
@@ -388,9 +446,8 @@ fn one_chunk(
     }
 
     // 6. S ← diag(e^{b_{l−1}}) S + kgᵀ Δ.
-    for d in 0..kd {
-        let f = ex[d];
-        for s in &mut state[d * vd..(d + 1) * vd] {
+    for (row, &f) in state.chunks_exact_mut(vd).zip(ex.iter()) {
+        for s in row {
             *s *= f;
         }
     }

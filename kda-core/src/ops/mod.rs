@@ -12,6 +12,7 @@
 //! Every public function checks its slice lengths and returns [`KdaError`](crate::KdaError)
 //! rather than panicking.
 
+#[allow(unsafe_code)]
 pub mod chunked;
 pub mod conv;
 pub mod gate;

@@ -336,3 +336,62 @@ pub(super) unsafe fn gemm_acc(
         }
     }
 }
+
+/// 8×8 tiles transposed in registers (unpack / shuffle / lane permute), scalar edges.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn transpose(
+    rows: usize,
+    cols: usize,
+    src: &[f32],
+    lds: usize,
+    dst: &mut [f32],
+    ldd: usize,
+) {
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+    let mut r = 0;
+    while r < r8 {
+        let mut c = 0;
+        while c < c8 {
+            let l = |i: usize| _mm256_loadu_ps(sp.add((r + i) * lds + c));
+            let (a0, a1, a2, a3, a4, a5, a6, a7) = (l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7));
+            let t0 = _mm256_unpacklo_ps(a0, a1);
+            let t1 = _mm256_unpackhi_ps(a0, a1);
+            let t2 = _mm256_unpacklo_ps(a2, a3);
+            let t3 = _mm256_unpackhi_ps(a2, a3);
+            let t4 = _mm256_unpacklo_ps(a4, a5);
+            let t5 = _mm256_unpackhi_ps(a4, a5);
+            let t6 = _mm256_unpacklo_ps(a6, a7);
+            let t7 = _mm256_unpackhi_ps(a6, a7);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            let s = |i: usize, v: __m256| _mm256_storeu_ps(dp.add((c + i) * ldd + r), v);
+            s(0, _mm256_permute2f128_ps::<0x20>(u0, u4));
+            s(1, _mm256_permute2f128_ps::<0x20>(u1, u5));
+            s(2, _mm256_permute2f128_ps::<0x20>(u2, u6));
+            s(3, _mm256_permute2f128_ps::<0x20>(u3, u7));
+            s(4, _mm256_permute2f128_ps::<0x31>(u0, u4));
+            s(5, _mm256_permute2f128_ps::<0x31>(u1, u5));
+            s(6, _mm256_permute2f128_ps::<0x31>(u2, u6));
+            s(7, _mm256_permute2f128_ps::<0x31>(u3, u7));
+            c += 8;
+        }
+        for cc in c8..cols {
+            for i in 0..8 {
+                *dp.add(cc * ldd + r + i) = *sp.add((r + i) * lds + cc);
+            }
+        }
+        r += 8;
+    }
+    for rr in r8..rows {
+        for cc in 0..cols {
+            *dp.add(cc * ldd + rr) = *sp.add(rr * lds + cc);
+        }
+    }
+}

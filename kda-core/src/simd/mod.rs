@@ -80,6 +80,8 @@ macro_rules! dispatch {
                 return unsafe { avx2::$name($($arg),*) };
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = $isa;
         portable::$name($($arg),*)
     }};
 }
@@ -189,6 +191,35 @@ pub fn gemm_acc(
     true
 }
 
+/// `dst[c·ldd + r] = src[r·lds + c]` for an `rows × cols` block (out-of-place transpose).
+/// Returns false (doing nothing) if a slice is too short.
+#[must_use]
+pub fn transpose(
+    isa: Isa,
+    rows: usize,
+    cols: usize,
+    src: &[f32],
+    lds: usize,
+    dst: &mut [f32],
+    ldd: usize,
+) -> bool {
+    if rows == 0 || cols == 0 {
+        return true;
+    }
+    let fits = |len: usize, r: usize, ld: usize, c: usize| {
+        ld >= c
+            && (r - 1)
+                .checked_mul(ld)
+                .and_then(|v| v.checked_add(c))
+                .is_some_and(|need| need <= len)
+    };
+    if !(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows)) {
+        return false;
+    }
+    (|| dispatch!(isa, transpose(rows, cols, src, lds, dst, ldd)))();
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +291,22 @@ mod tests {
                     assert!(v == 0.0 || (v - want).abs() < 1e-37, "{x}: {v}");
                 } else {
                     assert!((v - want).abs() <= 2.5e-7 * want, "{isa:?} exp({x}) = {v}, libm {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_every_shape() {
+        for isa in Isa::all_supported() {
+            for &(r, c) in &[(1usize, 1usize), (8, 8), (9, 17), (16, 128), (64, 3), (3, 64)] {
+                let src = rnd(r * (c + 1), 21);
+                let mut dst = std::vec![0.0; c * (r + 2)];
+                assert!(transpose(isa, r, c, &src, c + 1, &mut dst, r + 2));
+                for i in 0..r {
+                    for j in 0..c {
+                        assert_eq!(dst[j * (r + 2) + i], src[i * (c + 1) + j]);
+                    }
                 }
             }
         }

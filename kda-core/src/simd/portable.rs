@@ -97,3 +97,11 @@ pub(super) fn gemm_acc(
         }
     }
 }
+
+pub(super) fn transpose(rows: usize, cols: usize, src: &[f32], lds: usize, dst: &mut [f32], ldd: usize) {
+    for r in 0..rows {
+        for c in 0..cols {
+            dst[c * ldd + r] = src[r * lds + c];
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Chunked vs recurrent delta rule for one head at the Kimi Linear head shape (K = V = 128),
+//! one thread, T ∈ {256, 1024, 4096}, next to this CPU's single-core f32 FMA peak measured in
+//! the same run.
+//!
+//! Work unit: 4·K·V FMAs per token (decay, predict, write, read), whatever the algorithm does;
+//! criterion's "elem/s" is therefore FMA/s and comparable with the peak group's.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kda_core::ops::chunked::{chunked_head, chunked_scratch_len};
+use kda_core::ops::recurrent::{recurrent_head, recurrent_scratch_len};
+use kda_core::Isa;
+
+const K: usize = 128;
+
+struct Inputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+fn inputs(t: usize) -> Inputs {
+    let mut s = 12345u64;
+    let mut r = move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let mut unit = |n: usize| {
+        let mut x: Vec<f32> = (0..n).map(|_| r()).collect();
+        for row in x.chunks_mut(K) {
+            let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v /= norm);
+        }
+        x
+    };
+    let (q, k) = (unit(t * K), unit(t * K));
+    let mut s2 = 99u64;
+    let mut r2 = move || {
+        s2 = s2.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s2 >> 40) as f32 / (1u64 << 24) as f32
+    };
+    Inputs {
+        q,
+        k,
+        v: (0..t * K).map(|_| r2() - 0.5).collect(),
+        g: (0..t * K).map(|_| -5.0 / (1.0 + (-(r2() * 8.0 - 6.0)).exp())).collect(),
+        beta: (0..t).map(|_| r2()).collect(),
+    }
+}
+
+fn run_recurrent(isa: Isa, x: &Inputs, v: &mut [f32], s: &mut [f32], scr: &mut [f32]) {
+    v.copy_from_slice(&x.v);
+    recurrent_head(isa, &x.q, &x.k, v, &x.g, &x.beta, 0.088, s, scr).unwrap();
+}
+
+fn run_chunked(isa: Isa, c: usize, x: &Inputs, v: &mut [f32], s: &mut [f32], scr: &mut [f32]) {
+    v.copy_from_slice(&x.v);
+    chunked_head(isa, &x.q, &x.k, v, &x.g, &x.beta, 0.088, s, c, c, scr).unwrap();
+}
+
+/// Single-core f32 FMA peak: 12 independent 8-wide accumulators (AVX2+FMA), or the portable
+/// equivalent elsewhere. Returns FMAs per call.
+#[inline(never)]
+fn fma_peak(iters: usize) -> (usize, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA are present (checked above).
+        return unsafe { fma_peak_avx2(iters) };
+    }
+    let mut acc = [[1.0f32; 8]; 4];
+    let (m, a) = (black_box(0.999_999f32), black_box(1e-7f32));
+    for _ in 0..iters {
+        for r in acc.iter_mut() {
+            for v in r.iter_mut() {
+                *v = *v * m + a;
+            }
+        }
+    }
+    (iters * 32, acc.iter().flatten().sum())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_peak_avx2(iters: usize) -> (usize, f32) {
+    use std::arch::x86_64::*;
+    let m = _mm256_set1_ps(black_box(0.999_999));
+    let a = _mm256_set1_ps(black_box(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm256_fmadd_ps(*v, m, a);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    let mut s = _mm256_setzero_ps();
+    for v in acc {
+        s = _mm256_add_ps(s, v);
+    }
+    _mm256_storeu_ps(out.as_mut_ptr(), s);
+    (iters * 12 * 8, out.iter().sum())
+}
+
+fn bench(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let mut g = c.benchmark_group("fma_peak");
+    g.throughput(Throughput::Elements(fma_peak(1).0 as u64 * 100_000));
+    g.bench_function("single_core", |b| b.iter(|| black_box(fma_peak(100_000))));
+    g.finish();
+
+    for &t in &[256usize, 1024, 4096] {
+        let x = inputs(t);
+        let mut v = vec![0.0; t * K];
+        let mut s = vec![0.0; K * K];
+        let mut g = c.benchmark_group(format!("delta_rule_K128_T{t}"));
+        g.throughput(Throughput::Elements((4 * K * K * t) as u64));
+        g.sample_size(10);
+        let mut scr = vec![0.0; recurrent_scratch_len(K, K)];
+        g.bench_function("recurrent", |b| b.iter(|| run_recurrent(isa, &x, &mut v, &mut s, &mut scr)));
+        for chunk in [16usize, 32, 64] {
+            let mut scr = vec![0.0; chunked_scratch_len(chunk, K, K)];
+            g.bench_function(format!("chunked_C{chunk}"), |b| {
+                b.iter(|| run_chunked(isa, chunk, &x, &mut v, &mut s, &mut scr))
+            });
+        }
+        g.finish();
+    }
+    summary(isa);
+}
+
+/// Plain-timer summary in one place: ratios against the peak and the recurrence.
+fn summary(isa: Isa) {
+    let time = |f: &mut dyn FnMut()| {
+        f();
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            f();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        best
+    };
+    let iters = 2_000_000;
+    let peak = fma_peak(iters).0 as f64 / time(&mut || {
+        black_box(fma_peak(iters));
+    });
+    println!("\nsummary ({isa:?}): single-core f32 FMA peak {:.1} GFMA/s ({:.1} GFLOP/s)", peak / 1e9, 2.0 * peak / 1e9);
+    for &t in &[4usize, 8, 16, 32, 64, 256, 1024, 4096] {
+        let x = inputs(t);
+        let work = (4 * K * K * t) as f64;
+        let mut v = vec![0.0; t * K];
+        let mut s = vec![0.0; K * K];
+        let mut scr = vec![0.0; recurrent_scratch_len(K, K)];
+        let tr = time(&mut || run_recurrent(isa, &x, &mut v, &mut s, &mut scr));
+        print!("T={t:5}: recurrent {:6.2} µs/token ({:4.1}% of peak)", 1e6 * tr / t as f64, 100.0 * work / tr / peak);
+        for chunk in [16usize, 32, 64] {
+            let mut scr = vec![0.0; chunked_scratch_len(chunk, K, K)];
+            let tc = time(&mut || run_chunked(isa, chunk, &x, &mut v, &mut s, &mut scr));
+            print!(
+                " | C{chunk} {:5.2} µs/token ({:4.1}%, {:.2}x)",
+                1e6 * tc / t as f64,
+                100.0 * work / tc / peak,
+                tr / tc
+            );
+        }
+        println!();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
