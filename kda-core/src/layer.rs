@@ -25,10 +25,10 @@ use crate::math::sigmoid;
 use crate::ops::chunked::{chunked_head, chunked_scratch_len, MAX_CHUNK};
 use crate::ops::conv::short_conv_prefill;
 use crate::ops::gate::decay_one;
-use crate::ops::linear::dot_f16;
+use crate::ops::linear::{project_tile, PROJECT_SCRATCH};
 use crate::ops::norm::{gated_rms_norm_row_into_gate, l2_norm};
 use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
-use crate::simd::{self, Isa};
+use crate::simd::Isa;
 use crate::weights::{Data, GateWeights, KdaWeights, MatRef};
 
 /// Where a forward call's caches start from.
@@ -139,6 +139,7 @@ pub(crate) fn per_token_workspace(cfg: &KdaConfig) -> Result<usize, KdaError> {
 fn per_worker(cfg: &KdaConfig, chunk: Option<usize>) -> Result<usize, KdaError> {
     let k = cfg.head_dim;
     let rec = add("workspace", recurrent_scratch_len(k, k), cfg.conv_width - 1)?;
+    let rec = add("workspace", rec, PROJECT_SCRATCH)?;
     match chunk {
         None => Ok(rec),
         Some(c) => add("workspace", rec, chunked_scratch_len(c, k, k)),
@@ -397,30 +398,22 @@ struct Proj<'a, 'w> {
 
 const TILE: usize = 16;
 
-#[inline]
-fn dot_data(isa: Isa, x: &[f32], w: Data<'_>) -> f32 {
-    match w {
-        Data::F32(w) => simd::dot(isa, x, w),
-        Data::Bf16(w) => simd::dot_bf16(isa, x, w),
-        Data::F16(w) => dot_f16(x, w),
-    }
-}
-
-#[inline]
-fn dot4_data(isa: Isa, x: [&[f32]; 4], w: Data<'_>) -> [f32; 4] {
-    match w {
-        Data::F32(w) => simd::dot4(isa, x, w),
-        Data::Bf16(w) => simd::dot4_bf16(isa, x, w),
-        Data::F16(w) => x.map(|r| dot_f16(r, w)),
-    }
-}
-
-/// Computes output rows `o0..o1` of `p` for the block's `bt` tokens.
-fn proj_tile(plan: &Plan<'_, '_>, p: &Proj<'_, '_>, bt: usize, o0: usize, o1: usize, failed: &Failed) {
+/// Computes output rows `o0..o1` of `p` for the block's `bt` tokens, with `scratch` for the
+/// projection kernel's accumulators.
+#[allow(clippy::too_many_arguments)]
+fn proj_tile(
+    plan: &Plan<'_, '_>,
+    p: &Proj<'_, '_>,
+    bt: usize,
+    o0: usize,
+    o1: usize,
+    scratch: &mut [f32],
+    failed: &Failed,
+) {
     let cols = p.w.cols();
     let row = |t: usize| &p.x[t * p.x_ld + p.x_off..t * p.x_ld + p.x_off + cols];
     let cfg = plan.cfg;
-    let store = |t: usize, o: usize, v: f32| {
+    let mut store = |t: usize, o: usize, v: f32| {
         let v = match p.post {
             Post::None => v,
             Post::Sigmoid => sigmoid(v),
@@ -439,34 +432,36 @@ fn proj_tile(plan: &Plan<'_, '_>, p: &Proj<'_, '_>, bt: usize, o0: usize, o1: us
             failed.set();
         }
     };
-    for o in o0..o1 {
-        let wr = p.w.row(o);
-        let mut t = 0;
-        while t + 4 <= bt {
-            let r = dot4_data(plan.isa, [row(t), row(t + 1), row(t + 2), row(t + 3)], wr);
-            for (i, v) in r.into_iter().enumerate() {
-                store(t + i, o, v);
-            }
-            t += 4;
-        }
-        while t < bt {
-            store(t, o, dot_data(plan.isa, row(t), wr));
-            t += 1;
-        }
+    if !project_tile(plan.isa, &row, bt, &p.w, o0, o1, scratch, &mut store) {
+        failed.set();
     }
 }
 
 /// Runs all tiles of `projs` as one round of tasks.
-fn run_projs(plan: &Plan<'_, '_>, projs: &[Proj<'_, '_>], bt: usize, exec: &dyn Executor, failed: &Failed) {
+fn run_projs(
+    plan: &Plan<'_, '_>,
+    projs: &[Proj<'_, '_>],
+    bt: usize,
+    workers: &Shared<'_>,
+    wk_len: usize,
+    exec: &dyn Executor,
+    failed: &Failed,
+) {
     let tiles = |p: &Proj<'_, '_>| p.w.rows().div_ceil(TILE);
     let total: usize = projs.iter().map(tiles).sum();
-    exec.run(total, &|task, _| {
+    exec.run(total, &|task, worker| {
+        // SAFETY: the scratch of worker index `worker` is used by one task at a time
+        // (Executor contract), and no other round runs concurrently.
+        let Some(scratch) = (unsafe { workers.slice(worker * wk_len, PROJECT_SCRATCH) }) else {
+            failed.set();
+            return;
+        };
         let mut t = task;
         for p in projs {
             let n = tiles(p);
             if t < n {
                 let o0 = t * TILE;
-                proj_tile(plan, p, bt, o0, (o0 + TILE).min(p.w.rows()), failed);
+                proj_tile(plan, p, bt, o0, (o0 + TILE).min(p.w.rows()), scratch, failed);
                 return;
             }
             t -= n;
@@ -584,7 +579,7 @@ fn run<'w>(
                 proj(plan.w.b_proj, &beta, Layout::Transposed { bt }, Post::Sigmoid),
                 ogate,
             ];
-            run_projs(plan, &projs, bt, exec, &failed);
+            run_projs(plan, &projs, bt, &workers, wk_len, exec, &failed);
         }
         // Round 1b: up-projections of the low-rank gates.
         if rf + rg > 0 {
@@ -610,8 +605,10 @@ fn run<'w>(
                 projs[1] = Some(up(u, rf, &gate, Layout::TokenMajor { ld: d, off: 0 }, Post::None));
             }
             match projs {
-                [Some(a), Some(b)] => run_projs(plan, &[a, b], bt, exec, &failed),
-                [Some(a), None] | [None, Some(a)] => run_projs(plan, &[a], bt, exec, &failed),
+                [Some(a), Some(b)] => run_projs(plan, &[a, b], bt, &workers, wk_len, exec, &failed),
+                [Some(a), None] | [None, Some(a)] => {
+                    run_projs(plan, &[a], bt, &workers, wk_len, exec, &failed)
+                }
                 [None, None] => {}
             }
         }
@@ -663,7 +660,7 @@ fn run<'w>(
                 layout: Layout::TokenMajor { ld: hd, off: 0 },
                 post: Post::None,
             };
-            run_projs(plan, &[p], bt, exec, &failed);
+            run_projs(plan, &[p], bt, &workers, wk_len, exec, &failed);
         }
         if failed.get() {
             return Err(KdaError::Internal { what: "layer task" });

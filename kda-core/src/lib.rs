@@ -37,8 +37,8 @@
 //! let mut state = [0.0f32; 16];
 //! let (mut cq, mut ck, mut cv) = ([0.0f32; 12], [0.0f32; 12], [0.0f32; 12]);
 //! let caches = CachesMut { recurrent: &mut state, conv_q: &mut cq, conv_k: &mut ck, conv_v: &mut cv };
-//! let mut ws = [0.0f32; 256];
-//! assert!(forward_workspace_len(&cfg, 3).unwrap() <= ws.len());
+//! // The core says how much workspace it needs; any amount from 1 token's worth works.
+//! let mut ws = vec![0.0f32; forward_workspace_len(&cfg, 3).unwrap()];
 //! let x = [0.5f32; 3 * 8];
 //! let mut out = [0.0f32; 3 * 8];
 //! forward(&cfg, &weights, &x, &[0, 3], caches, InitialCaches::Zero, &mut out, &mut ws).unwrap();
@@ -51,13 +51,19 @@
 pub mod backend;
 pub mod cache;
 pub mod config;
+#[cfg(feature = "defmt")]
+mod defmt_impls;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod exec;
+#[cfg(feature = "micromath")]
+mod fastmath;
+pub mod fixed;
 #[allow(unsafe_code)]
 pub mod layer;
 pub mod math;
 pub mod ops;
+pub mod quant;
 #[allow(unsafe_code)]
 pub mod simd;
 pub mod weights;
@@ -67,11 +73,13 @@ pub use cache::{k_first_to_v_first, v_first_to_k_first, CachesMut};
 pub use config::{DecayGate, GateProj, KdaConfig};
 pub use error::KdaError;
 pub use exec::{Executor, Serial};
+pub use fixed::{decode_step_fixed, fixed_workspace_len, FixedCachesMut, FixedWeights};
 pub use layer::{
     decode_step, decode_step_with, decode_workspace_len, forward, forward_with,
     forward_workspace_len, validate_offsets, workspace_len, ForwardOptions, InitialCaches, Mode,
     AUTO_CHUNK_MIN_TOKENS, DEFAULT_CHUNK,
 };
+pub use quant::{quantize_layer, quantize_rows, quantized_len, QuantLen};
 pub use simd::Isa;
 pub use weights::{Data, GateWeights, KdaWeights, MatRef};
 

@@ -1,23 +1,30 @@
 //! Scalar activations in f32, on `libm` so they behave the same with and without std.
 //!
-//! Each mirrors the PyTorch formula the reference uses, so results agree to rounding.
+//! Each mirrors the PyTorch formula the reference uses, so results agree to rounding. With the
+//! opt-in feature `micromath`, `exp`, `log1p` and `sqrt` come from the `micromath` crate
+//! instead (faster, less accurate: see `fastmath.rs`).
+
+#[cfg(feature = "micromath")]
+use crate::fastmath::{expf, log1pf, sqrtf};
+#[cfg(not(feature = "micromath"))]
+use libm::{expf, log1pf, sqrtf};
 
 /// `e^x`.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    libm::expf(x)
+    expf(x)
 }
 
 /// `1 / (1 + e^-x)`, as `torch.sigmoid`. Saturates to exactly 0 or 1 for large |x|.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + libm::expf(-x))
+    1.0 / (1.0 + expf(-x))
 }
 
 /// `x · sigmoid(x)` (SiLU / swish).
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + libm::expf(-x))
+    x / (1.0 + expf(-x))
 }
 
 /// `ln(1 + e^x)`, returning `x` itself above 20 (torch's default `threshold`).
@@ -26,14 +33,14 @@ pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        libm::log1pf(libm::expf(x))
+        log1pf(expf(x))
     }
 }
 
 /// `1 / sqrt(x)`.
 #[inline(always)]
 pub fn rsqrt(x: f32) -> f32 {
-    1.0 / libm::sqrtf(x)
+    1.0 / sqrtf(x)
 }
 
 #[cfg(test)]

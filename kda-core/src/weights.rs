@@ -1,8 +1,8 @@
 //! Borrowed weight views in checkpoint layout (`[out, in]` row-major), per storage format.
 //!
 //! Nothing here copies: the views borrow the caller's bytes (a memory-mapped checkpoint, a
-//! `const` array in flash). Matrices and small parameters may be f32, bf16 or f16; every
-//! product accumulates in f32.
+//! `const` array in flash). Matrices and small parameters may be f32, bf16, f16 or int8 with
+//! per-row scales ([`Data::I8`], see [`crate::quant`]); every product accumulates in f32.
 
 use half::{bf16, f16};
 
@@ -18,6 +18,17 @@ pub enum Data<'a> {
     Bf16(&'a [bf16]),
     /// IEEE f16.
     F16(&'a [f16]),
+    /// Symmetric int8 with one f32 scale per row: element `i` is `data[i] · scales[i / r]`,
+    /// `r = data.len() / scales.len()` (for a matrix `[rows, cols]` with per-output-row scales,
+    /// `scales.len() == rows` and `r == cols`). Written by [`crate::quant::quantize_rows`].
+    /// Malformed (`scales` empty while `data` is not, or not dividing its length), it reports
+    /// [`Data::len`] 0, so every shape check rejects it.
+    I8 {
+        /// The int8 values, row-major.
+        data: &'a [i8],
+        /// One scale per row.
+        scales: &'a [f32],
+    },
 }
 
 impl<'a> Data<'a> {
@@ -27,6 +38,9 @@ impl<'a> Data<'a> {
             Data::F32(s) => s.len(),
             Data::Bf16(s) => s.len(),
             Data::F16(s) => s.len(),
+            Data::I8 { data, scales } => {
+                crate::quant::i8_row_len(data.len(), scales.len()).map_or(0, |_| data.len())
+            }
         }
     }
 
@@ -42,6 +56,10 @@ impl<'a> Data<'a> {
             Data::F32(s) => s.get(i).copied(),
             Data::Bf16(s) => s.get(i).map(|v| v.to_f32()),
             Data::F16(s) => s.get(i).map(|v| v.to_f32()),
+            Data::I8 { data, scales } => {
+                let r = crate::quant::i8_row_len(data.len(), scales.len())?;
+                Some(*data.get(i)? as f32 * scales[i / r])
+            }
         }
     }
 
@@ -53,6 +71,14 @@ impl<'a> Data<'a> {
             Data::F32(s) => s[i],
             Data::Bf16(s) => s[i].to_f32(),
             Data::F16(s) => s[i].to_f32(),
+            Data::I8 { data, scales } => {
+                let s = if scales.len() == 1 {
+                    scales[0]
+                } else {
+                    scales[i / (data.len() / scales.len())]
+                };
+                data[i] as f32 * s
+            }
         }
     }
 
@@ -63,6 +89,7 @@ impl<'a> Data<'a> {
             Data::F32(s) => Data::F32(&s[start..start + len]),
             Data::Bf16(s) => Data::Bf16(&s[start..start + len]),
             Data::F16(s) => Data::F16(&s[start..start + len]),
+            Data::I8 { data, scales } => crate::quant::slice_i8(data, scales, start, len),
         }
     }
 }

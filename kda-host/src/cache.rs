@@ -2,6 +2,8 @@
 
 use kda_core::{CachesMut, KdaConfig, KdaError};
 
+use crate::error::{try_zeroed, HostError};
+
 /// The recurrent and conv states of `N` sequences, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SequenceCaches {
@@ -29,6 +31,27 @@ impl SequenceCaches {
             conv_q: vec![0.0; c],
             conv_k: vec![0.0; c],
             conv_v: vec![0.0; c],
+        })
+    }
+
+    /// Zeroed caches for `sequences` sequences, or an error (instead of an abort) when they
+    /// cannot be allocated. Use this when the sizes come from a file.
+    pub fn try_new(cfg: &KdaConfig, sequences: usize) -> Result<Self, HostError> {
+        cfg.validate()?;
+        let s = sequences
+            .checked_mul(cfg.state_len()?)
+            .ok_or(KdaError::Overflow {
+                what: "recurrent state",
+            })?;
+        let c = sequences
+            .checked_mul(cfg.conv_state_len()?)
+            .ok_or(KdaError::Overflow { what: "conv state" })?;
+        Ok(SequenceCaches {
+            sequences,
+            recurrent: try_zeroed(s, "the recurrent state")?,
+            conv_q: try_zeroed(c, "the q conv state")?,
+            conv_k: try_zeroed(c, "the k conv state")?,
+            conv_v: try_zeroed(c, "the v conv state")?,
         })
     }
 

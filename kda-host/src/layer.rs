@@ -1,24 +1,11 @@
-//! A KDA layer that owns its weights, and a runner that owns its workspace.
+//! A KDA layer that owns its weights (synthetic, or copied from a fixture).
 
 use half::bf16;
-use kda_core::{
-    decode_step, forward, forward_workspace_len, Data, DecayGate, GateProj, GateWeights,
-    InitialCaches, KdaConfig, KdaError, KdaWeights, MatRef,
-};
+use kda_core::{Data, DecayGate, GateProj, GateWeights, KdaConfig, KdaError, KdaWeights, MatRef};
 
-use crate::cache::SequenceCaches;
+pub use crate::error::HostError;
 use crate::rng::Rng;
-
-/// Errors of the host crate.
-#[derive(Debug, thiserror::Error)]
-pub enum HostError {
-    /// The core rejected an argument.
-    #[error(transparent)]
-    Core(#[from] KdaError),
-    /// A tensor is missing.
-    #[error("missing tensor `{0}`")]
-    Missing(String),
-}
+pub use crate::runner::Runner;
 
 /// Storage format for synthetic weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,13 +132,17 @@ impl OwnedLayer {
             v_conv: self.conv[2].view(),
             a_log: self.a_log.as_ref().map(OwnedData::view),
             dt_bias: self.dt_bias.as_ref().map(OwnedData::view),
-            decay_proj: self
-                .decay_proj
-                .view(["f_proj.weight", "f_a_proj.weight", "f_b_proj.weight"])?,
+            decay_proj: self.decay_proj.view([
+                "f_proj.weight",
+                "f_a_proj.weight",
+                "f_b_proj.weight",
+            ])?,
             b_proj: self.b_proj.view("b_proj.weight")?,
-            output_gate: self
-                .output_gate
-                .view(["g_proj.weight", "g_a_proj.weight", "g_b_proj.weight"])?,
+            output_gate: self.output_gate.view([
+                "g_proj.weight",
+                "g_a_proj.weight",
+                "g_b_proj.weight",
+            ])?,
             o_norm: self.o_norm.view(),
             o_proj: self.o_proj.view("o_proj.weight")?,
         };
@@ -221,68 +212,5 @@ impl OwnedLayer {
             o_norm,
             o_proj,
         })
-    }
-}
-
-/// Runs layers with a workspace it owns and grows as needed (at most `max_block` tokens per
-/// block, so memory stays bounded for long prompts).
-#[derive(Debug, Clone)]
-pub struct Runner {
-    workspace: Vec<f32>,
-    max_block: usize,
-}
-
-impl Default for Runner {
-    fn default() -> Self {
-        Runner::new(64)
-    }
-}
-
-impl Runner {
-    /// A runner processing up to `max_block` tokens per block (at least 1).
-    pub fn new(max_block: usize) -> Self {
-        Runner {
-            workspace: Vec::new(),
-            max_block: max_block.max(1),
-        }
-    }
-
-    fn workspace(&mut self, cfg: &KdaConfig, tokens: usize) -> Result<&mut [f32], KdaError> {
-        let len = forward_workspace_len(cfg, tokens.clamp(1, self.max_block))?;
-        if self.workspace.len() < len {
-            self.workspace.resize(len, 0.0);
-        }
-        Ok(&mut self.workspace[..len])
-    }
-
-    /// Sequence forward over packed sequences; returns `[T, hidden]`.
-    pub fn forward(
-        &mut self,
-        layer: &OwnedLayer,
-        x: &[f32],
-        cu_seqlens: &[usize],
-        caches: &mut SequenceCaches,
-        init: InitialCaches,
-    ) -> Result<Vec<f32>, HostError> {
-        let w = layer.weights()?;
-        let mut out = vec![0.0; x.len()];
-        let tokens = x.len() / layer.cfg.hidden.max(1);
-        let ws = self.workspace(&layer.cfg, tokens)?;
-        forward(&layer.cfg, &w, x, cu_seqlens, caches.as_mut(), init, &mut out, ws)?;
-        Ok(out)
-    }
-
-    /// One decode step for every sequence of `caches`; `x` is `[N, hidden]`.
-    pub fn decode(
-        &mut self,
-        layer: &OwnedLayer,
-        x: &[f32],
-        caches: &mut SequenceCaches,
-    ) -> Result<Vec<f32>, HostError> {
-        let w = layer.weights()?;
-        let mut out = vec![0.0; x.len()];
-        let ws = self.workspace(&layer.cfg, caches.sequences)?;
-        decode_step(&layer.cfg, &w, x, caches.as_mut(), &mut out, ws)?;
-        Ok(out)
     }
 }

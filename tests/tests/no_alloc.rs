@@ -4,7 +4,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kda_core::{decode_step, forward, forward_workspace_len, InitialCaches, KdaConfig};
+use kda_core::{decode_step, forward_with, workspace_len, ForwardOptions, InitialCaches, KdaConfig, Mode, Serial};
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
 
@@ -44,21 +44,20 @@ fn forward_and_decode_allocate_nothing() {
         let mut caches = SequenceCaches::new(&cfg, 2).unwrap();
         let x = Rng::new(1).normals(30 * cfg.hidden, 1.0);
         let mut out = vec![0.0; x.len()];
-        let mut ws = vec![0.0; forward_workspace_len(&cfg, 8).unwrap()];
         let cu = [0usize, 11, 30];
+        let modes = [Mode::Recurrent, Mode::Chunked, Mode::Auto];
+        let opts = modes.map(|mode| ForwardOptions {
+            mode,
+            ..ForwardOptions::default()
+        });
+        let mut ws = vec![0.0; workspace_len(&cfg, &opts[1], 20, 1).unwrap()];
 
         let before = ALLOCS.load(Ordering::SeqCst);
-        forward(
-            &cfg,
-            &w,
-            &x,
-            &cu,
-            caches.as_mut(),
-            InitialCaches::Zero,
-            &mut out,
-            &mut ws,
-        )
-        .unwrap();
+        for o in &opts {
+            let init = InitialCaches::Zero;
+            forward_with(&cfg, &w, &x, &cu, caches.as_mut(), init, &mut out, &mut ws, o, &Serial)
+                .unwrap();
+        }
         decode_step(
             &cfg,
             &w,

@@ -5,7 +5,9 @@
 
 use half::{bf16, f16};
 
+
 use crate::error::{check_len, KdaError};
+use crate::simd::{self, Isa};
 use crate::weights::{Data, MatRef};
 
 const LANES: usize = 8;
@@ -63,11 +65,170 @@ pub fn dot(x: &[f32], w: Data<'_>) -> f32 {
         Data::F32(w) => dot_f32(x, w),
         Data::Bf16(w) => dot_bf16(x, w),
         Data::F16(w) => dot_f16(x, w),
+        Data::I8 { data, scales } => crate::quant::dot_i8(x, data, scales),
     }
+}
+
+/// f32 elements of accumulator scratch that lets [`project_tile`] keep 16 weight rows × 24
+/// tokens in flight (its best blocking); any multiple of 96 down to 96 also works.
+pub const PROJECT_SCRATCH: usize = 32 * 96;
+
+/// Reduction elements per k-block: the tile's weight rows (16 × 1 KB in f32) and a token
+/// group's inputs stay in L1 while the lane accumulators persist in `scratch` between blocks.
+const KB: usize = 1024;
+
+/// Computes weight rows `o0..o1` of `x · Wᵀ` for `tokens` input rows (`row(t)` gives row `t`,
+/// at least `W.cols` long) and hands each value to `store(t, o, v)`.
+///
+/// Register blocks of 3 tokens × 4 weight rows, each (token, row) an 8-lane FMA chain over
+/// the reduction; the reduction is cut into k-blocks of 256 with the lane accumulators parked
+/// in `scratch` (≥ 96 elements; [`PROJECT_SCRATCH`] for full speed) between blocks. Every
+/// value is bitwise the same for any `o0..o1` split, any `tokens`, and any scratch size, so
+/// decode and prefill, and any thread count, agree exactly. Returns false if a row or the
+/// scratch is too short (an internal bug).
+#[allow(clippy::too_many_arguments)]
+pub fn project_tile<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [f32],
+    tokens: usize,
+    w: &MatRef<'_>,
+    o0: usize,
+    o1: usize,
+    scratch: &mut [f32],
+    store: &mut dyn FnMut(usize, usize, f32),
+) -> bool {
+    let slots = scratch.len() / 96;
+    if slots == 0 {
+        return false;
+    }
+    let n = w.cols();
+    let kfull = n / 8 * 8;
+    let mut out = [[0.0f32; 4]; 3];
+    // Token groups of 3 (up to 8 per block), then as many row groups of 4 as the scratch holds.
+    let groups_t = tokens.div_ceil(3).clamp(1, 8);
+    let groups_o = (slots / groups_t).clamp(1, o1.saturating_sub(o0).div_ceil(4).max(1));
+    let groups_t = groups_t.min(slots);
+    let generic = !matches!(w.data(), Data::F32(_) | Data::Bf16(_));
+    let mut oa = o0;
+    while oa < o1 {
+        let ob = (oa + 4 * groups_o).min(o1);
+        let mut ta = 0;
+        while ta < tokens {
+            let tb = (ta + 3 * groups_t).min(tokens);
+            if generic {
+                for o in oa..ob {
+                    for t in ta..tb {
+                        store(t, o, dot(row(t), w.row(o)));
+                    }
+                }
+                ta = tb;
+                continue;
+            }
+            let mut xs: [&[f32]; 24] = [&[]; 24];
+            for (i, x) in xs.iter_mut().enumerate().take(tb - ta) {
+                *x = row(ta + i);
+            }
+            let xs = &xs[..tb - ta];
+            let per_o = 96 * (tb - ta).div_ceil(3);
+            scratch[..per_o * (ob - oa).div_ceil(4)].fill(0.0);
+            let mut k0 = 0;
+            while k0 < kfull {
+                let k1 = (k0 + KB).min(kfull);
+                let (mut o, mut go) = (oa, 0);
+                while o < ob {
+                    let mr = (ob - o).min(4);
+                    let Some(ws) = rows_of(w, o, mr) else {
+                        return false;
+                    };
+                    let accs = &mut scratch[go * per_o..(go + 1) * per_o];
+                    if !simd::dot_partial_tokens(isa, k0, k1, xs, ws.prefix(mr), accs) {
+                        return false;
+                    }
+                    o += mr;
+                    go += 1;
+                }
+                k0 = k1;
+            }
+            let (mut o, mut go) = (oa, 0);
+            while o < ob {
+                let mr = (ob - o).min(4);
+                let Some(ws) = rows_of(w, o, mr) else {
+                    return false;
+                };
+                for (g, xg) in xs.chunks(3).enumerate() {
+                    let Some(acc) = slot_of(scratch, go * per_o / 96 + g) else {
+                        return false;
+                    };
+                    if !simd::dot_finish(isa, kfull, n, xg, ws.prefix(mr), acc, &mut out) {
+                        return false;
+                    }
+                    for (i, r) in out.iter().enumerate().take(xg.len()) {
+                        for (j, v) in r.iter().enumerate().take(mr) {
+                            store(ta + 3 * g + i, o + j, *v);
+                        }
+                    }
+                }
+                o += mr;
+                go += 1;
+            }
+            ta = tb;
+        }
+        oa = ob;
+    }
+    true
+}
+
+/// Up to four weight rows as typed slices.
+enum RowSet<'w> {
+    F32([&'w [f32]; 4]),
+    Bf16([&'w [bf16]; 4]),
+}
+
+impl<'w> RowSet<'w> {
+    fn prefix(&self, mr: usize) -> simd::Rows<'_, 'w> {
+        match self {
+            RowSet::F32(r) => simd::Rows::F32(&r[..mr]),
+            RowSet::Bf16(r) => simd::Rows::Bf16(&r[..mr]),
+        }
+    }
+}
+
+/// Rows `o..o+mr` of `w` (the last repeated to fill four).
+fn rows_of<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
+    let pick = |j: usize| o + j.min(mr.max(1) - 1);
+    match w.data() {
+        Data::F32(_) => {
+            let mut r: [&[f32]; 4] = [&[]; 4];
+            for (j, slot) in r.iter_mut().enumerate() {
+                let Data::F32(s) = w.row(pick(j)) else { return None };
+                *slot = s;
+            }
+            Some(RowSet::F32(r))
+        }
+        Data::Bf16(_) => {
+            let mut r: [&[bf16]; 4] = [&[]; 4];
+            for (j, slot) in r.iter_mut().enumerate() {
+                let Data::Bf16(s) = w.row(pick(j)) else { return None };
+                *slot = s;
+            }
+            Some(RowSet::Bf16(r))
+        }
+        _ => None,
+    }
+}
+
+/// Accumulator slot `slot` of the scratch.
+fn slot_of(scratch: &mut [f32], slot: usize) -> Option<&mut simd::LaneAcc> {
+    scratch.get_mut(slot * 96..(slot + 1) * 96)?.try_into().ok()
 }
 
 /// `out = x · Wᵀ` for `rows` input rows: `x` is `[rows, W.cols]`, `out` is `[rows, W.rows]`.
 pub fn linear(x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Result<(), KdaError> {
+    linear_with(Isa::detect(), x, w, out)
+}
+
+/// [`linear`] on a chosen kernel path.
+pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Result<(), KdaError> {
     let (n_out, n_in) = (w.rows(), w.cols());
     if n_in == 0 {
         // A zero-width input gives all-zero outputs; only `out` must be a whole number of rows.
@@ -90,13 +251,16 @@ pub fn linear(x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Result<(), KdaError
     }
     let rows = x.len() / n_in;
     check_len("linear out", out.len(), rows * n_out)?;
-    for o in 0..n_out {
-        let wr = w.row(o);
-        for (t, xr) in x.chunks_exact(n_in).enumerate() {
-            out[t * n_out + o] = dot(xr, wr);
-        }
+    let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
+    let mut scratch = [0.0f32; 4 * 96];
+    let ok = project_tile(isa, &row, rows, w, 0, n_out, &mut scratch, &mut |t, o, v| {
+        out[t * n_out + o] = v
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(KdaError::Internal { what: "projection" })
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -202,7 +202,7 @@ unsafe fn exp8(x: __m256) -> __m256 {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
     let r2 = _mm256_mul_ps(r, r);
     p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
     // 2^n: n ∈ [−127, 127]; the biased exponent 0 (n = −127) gives 0.0, a flush.
@@ -393,5 +393,215 @@ pub(super) unsafe fn transpose(
         for cc in 0..cols {
             *dp.add(cc * ldd + rr) = *sp.add(rr * lds + cc);
         }
+    }
+}
+
+/// A weight element type the block kernel can load 8 at a time.
+pub(super) trait Lanes: Copy {
+    /// 8 elements at `p` widened to f32.
+    unsafe fn load8(p: *const Self) -> __m256;
+    /// One element widened to f32.
+    fn widen(self) -> f32;
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Lanes for bf16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const bf16) -> __m256 {
+        load_bf16(p)
+    }
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        super::portable::bf16_to_f32(self)
+    }
+}
+
+/// `MT` tokens × `MR` weight rows of dot products of length `n`, each in the canonical order:
+/// one 8-lane FMA accumulator over whole 8-blocks, the fixed horizontal sum, then the scalar
+/// tail in order. Every (token, row) result is bitwise independent of `MT`, `MR`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn dot_tile<W: Lanes, const MT: usize, const MR: usize>(
+    n: usize,
+    xs: [*const f32; MT],
+    ws: [*const W; MR],
+    out: &mut [[f32; 4]; 3],
+) {
+    let mut acc = [[_mm256_setzero_ps(); MR]; MT];
+    let mut i = 0;
+    while i + 8 <= n {
+        let mut xv = [_mm256_setzero_ps(); MT];
+        for (t, xv) in xv.iter_mut().enumerate() {
+            *xv = _mm256_loadu_ps(xs[t].add(i));
+        }
+        for r in 0..MR {
+            let wv = W::load8(ws[r].add(i));
+            for t in 0..MT {
+                acc[t][r] = _mm256_fmadd_ps(xv[t], wv, acc[t][r]);
+            }
+        }
+        i += 8;
+    }
+    for t in 0..MT {
+        for r in 0..MR {
+            let mut s = hsum(acc[t][r]);
+            for j in i..n {
+                s += *xs[t].add(j) * (*ws[r].add(j)).widen();
+            }
+            out[t][r] = s;
+        }
+    }
+}
+
+/// The k-blocked form of `dot_tile`: lane accumulators live in `acc` between calls.
+/// `partial` adds the 8-blocks of `[k0, k1)` (a multiple of 8 long) lane-wise; `finish`
+/// reduces and adds the tail `[k1, n)`. The FMA sequence per lane is the same as
+/// `dot_tile`'s, so the results are bitwise equal.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn dot_tile_partial<W: Lanes, const MT: usize, const MR: usize>(
+    k0: usize,
+    k1: usize,
+    xs: [*const f32; MT],
+    ws: [*const W; MR],
+    acc: &mut [f32; 96],
+) {
+    let mut a = [[_mm256_setzero_ps(); MR]; MT];
+    for t in 0..MT {
+        for r in 0..MR {
+            a[t][r] = _mm256_loadu_ps(acc.as_ptr().add((t * 4 + r) * 8));
+        }
+    }
+    let mut i = k0;
+    while i + 8 <= k1 {
+        let mut xv = [_mm256_setzero_ps(); MT];
+        for (t, xv) in xv.iter_mut().enumerate() {
+            *xv = _mm256_loadu_ps(xs[t].add(i));
+        }
+        for r in 0..MR {
+            let wv = W::load8(ws[r].add(i));
+            for t in 0..MT {
+                a[t][r] = _mm256_fmadd_ps(xv[t], wv, a[t][r]);
+            }
+        }
+        i += 8;
+    }
+    for t in 0..MT {
+        for r in 0..MR {
+            _mm256_storeu_ps(acc.as_mut_ptr().add((t * 4 + r) * 8), a[t][r]);
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn dot_tile_finish<W: Lanes, const MT: usize, const MR: usize>(
+    k1: usize,
+    n: usize,
+    xs: [*const f32; MT],
+    ws: [*const W; MR],
+    acc: &[f32; 96],
+    out: &mut [[f32; 4]; 3],
+) {
+    for t in 0..MT {
+        for r in 0..MR {
+            let mut s = hsum(_mm256_loadu_ps(acc.as_ptr().add((t * 4 + r) * 8)));
+            for j in k1..n {
+                s += *xs[t].add(j) * (*ws[r].add(j)).widen();
+            }
+            out[t][r] = s;
+        }
+    }
+}
+
+/// Calls `$f::<$w, MT, MR> $args` for the block shape (MT × MR) of `$xs` × `$ws`, with `$x`
+/// and `$wp` bound to the row pointer arrays.
+macro_rules! tile_dispatch {
+    ($f:ident, $w:ty, $xs:expr, $ws:expr, |$x:ident, $wp:ident| $args:tt) => {{
+        let (xs, ws) = ($xs, $ws);
+        tile_dispatch!(@t $f, $w, xs, ws, $x, $wp, $args, [1, 2, 3]);
+    }};
+    (@t $f:ident, $w:ty, $xs:ident, $ws:ident, $x:ident, $wp:ident, $args:tt, [$($mt:literal),*]) => {
+        match $xs.len() {
+            $( $mt => tile_dispatch!(@r $f, $w, $xs, $ws, $x, $wp, $args, $mt, [1, 2, 3, 4]), )*
+            _ => {}
+        }
+    };
+    (@r $f:ident, $w:ty, $xs:ident, $ws:ident, $x:ident, $wp:ident, $args:tt, $mt:literal, [$($mr:literal),*]) => {
+        match $ws.len() {
+            $( $mr => {
+                let $x: [*const f32; $mt] = core::array::from_fn(|t| $xs[t].as_ptr());
+                let $wp: [*const $w; $mr] = core::array::from_fn(|r| $ws[r].as_ptr());
+                $f::<$w, $mt, $mr> $args
+            } )*
+            _ => {}
+        }
+    };
+}
+
+/// Up to 3 tokens × 4 rows of f32 dot products (see `dot_tile`).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_block(n: usize, xs: &[&[f32]], ws: &[&[f32]], out: &mut [[f32; 4]; 3]) {
+    tile_dispatch!(dot_tile, f32, xs, ws, |x, w| (n, x, w, out));
+}
+
+/// Up to 3 tokens × 4 rows with bf16 weights (see `dot_tile`).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_block_bf16(
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[bf16]],
+    out: &mut [[f32; 4]; 3],
+) {
+    tile_dispatch!(dot_tile, bf16, xs, ws, |x, w| (n, x, w, out));
+}
+
+/// k-blocked partial sums (see `dot_tile_partial`), f32 weights.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_partial(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &mut [f32; 96]) {
+    tile_dispatch!(dot_tile_partial, f32, xs, ws, |x, w| (k0, k1, x, w, acc));
+}
+
+/// k-blocked partial sums, bf16 weights.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_partial_bf16(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &mut [f32; 96]) {
+    tile_dispatch!(dot_tile_partial, bf16, xs, ws, |x, w| (k0, k1, x, w, acc));
+}
+
+/// Reduction and tail (see `dot_tile_finish`), f32 weights.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_finish(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
+    tile_dispatch!(dot_tile_finish, f32, xs, ws, |x, w| (k1, n, x, w, acc, out));
+}
+
+/// Reduction and tail, bf16 weights.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_finish_bf16(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
+    tile_dispatch!(dot_tile_finish, bf16, xs, ws, |x, w| (k1, n, x, w, acc, out));
+}
+
+/// [`dot_partial`] over consecutive groups of 3 tokens (the last may be shorter), group `g`
+/// using accumulator slot `accs[96·g..96·g + 96]`: one call per k-block and row group.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_partial_tokens<W: Lanes>(
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: &[&[W]],
+    accs: &mut [f32],
+) {
+    for (g, xg) in xs.chunks(3).enumerate() {
+        let acc = &mut *(accs.as_mut_ptr().add(96 * g) as *mut [f32; 96]);
+        tile_dispatch!(dot_tile_partial, W, xg, ws, |x, w| (k0, k1, x, w, acc));
     }
 }

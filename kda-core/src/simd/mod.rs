@@ -125,6 +125,126 @@ pub fn dot4_bf16(isa: Isa, x: [&[f32]; 4], w: &[bf16]) -> [f32; 4] {
     dispatch!(isa, dot4_bf16(x, w))
 }
 
+/// Up to 3 tokens × 4 weight rows of dot products over the first `n` elements:
+/// `out[t][r] = Σ_i xs[t][i]·ws[r][i]`. Each result is bitwise the same whatever the block
+/// shape (1–3 × 1–4), so the projections give identical numbers for decode (one token) and
+/// prefill (many), on any thread. Blocks outside 1..=3 × 1..=4 or slices shorter than `n`
+/// leave `out` untouched and return false.
+#[must_use]
+pub fn dot_block(isa: Isa, n: usize, xs: &[&[f32]], ws: &[&[f32]], out: &mut [[f32; 4]; 3]) -> bool {
+    if !block_ok(n, xs, ws) {
+        return false;
+    }
+    (|| dispatch!(isa, dot_block(n, xs, ws, out)))();
+    true
+}
+
+/// [`dot_block`] with bf16 weights.
+#[must_use]
+pub fn dot_block_bf16(
+    isa: Isa,
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[bf16]],
+    out: &mut [[f32; 4]; 3],
+) -> bool {
+    if !block_ok(n, xs, ws) {
+        return false;
+    }
+    (|| dispatch!(isa, dot_block_bf16(n, xs, ws, out)))();
+    true
+}
+
+/// Lane accumulators of a 3 × 4 dot block (`[(t·4 + r)·8 + lane]`), kept between the
+/// k-blocks of [`dot_partial`] calls.
+pub type LaneAcc = [f32; 96];
+
+/// Weights of a k-blocked dot block, f32 or bf16 rows.
+#[derive(Clone, Copy)]
+pub enum Rows<'a, 'b> {
+    /// f32 rows.
+    F32(&'a [&'b [f32]]),
+    /// bf16 rows.
+    Bf16(&'a [&'b [bf16]]),
+}
+
+/// Adds the whole 8-blocks of `[k0, k1)` to the lane accumulators (`k1 − k0` must be a
+/// multiple of 8). Chained over consecutive k-blocks and closed by [`dot_finish`], the result
+/// is bitwise [`dot_block`]'s: the same FMAs in the same order per lane.
+#[must_use]
+pub fn dot_partial(isa: Isa, k0: usize, k1: usize, xs: &[&[f32]], ws: Rows<'_, '_>, acc: &mut LaneAcc) -> bool {
+    let ok = k0 <= k1 && (k1 - k0) % 8 == 0;
+    match ws {
+        Rows::F32(ws) if ok && block_ok(k1, xs, ws) => {
+            (|| dispatch!(isa, dot_partial(k0, k1, xs, ws, acc)))();
+            true
+        }
+        Rows::Bf16(ws) if ok && block_ok(k1, xs, ws) => {
+            (|| dispatch!(isa, dot_partial_bf16(k0, k1, xs, ws, acc)))();
+            true
+        }
+        _ => false,
+    }
+}
+
+/// [`dot_partial`] for any number of tokens, in groups of 3 (the last may be shorter), group
+/// `g` using accumulator slot `accs[96·g..96·g + 96]`.
+#[must_use]
+pub fn dot_partial_tokens(isa: Isa, k0: usize, k1: usize, xs: &[&[f32]], ws: Rows<'_, '_>, accs: &mut [f32]) -> bool {
+    let groups = xs.len().div_ceil(3);
+    let ok = k0 <= k1
+        && (k1 - k0) % 8 == 0
+        && accs.len() >= 96 * groups
+        && xs.iter().all(|x| x.len() >= k1);
+    match ws {
+        Rows::F32(ws) if ok && (1..=4).contains(&ws.len()) && ws.iter().all(|w| w.len() >= k1) => {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2Fma && avx2_fma_supported() {
+                // SAFETY: AVX2+FMA present; rows ≥ k1 long and `accs` ≥ 96 per group (checked).
+                unsafe { avx2::dot_partial_tokens(k0, k1, xs, ws, accs) };
+                return true;
+            }
+            portable::dot_partial_tokens(k0, k1, xs, ws, accs, |v| v);
+            true
+        }
+        Rows::Bf16(ws) if ok && (1..=4).contains(&ws.len()) && ws.iter().all(|w| w.len() >= k1) => {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2Fma && avx2_fma_supported() {
+                // SAFETY: as above.
+                unsafe { avx2::dot_partial_tokens(k0, k1, xs, ws, accs) };
+                return true;
+            }
+            portable::dot_partial_tokens(k0, k1, xs, ws, accs, portable::bf16_to_f32);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Reduces the lane accumulators and adds the scalar tail `[k1, n)`.
+#[must_use]
+pub fn dot_finish(isa: Isa, k1: usize, n: usize, xs: &[&[f32]], ws: Rows<'_, '_>, acc: &LaneAcc, out: &mut [[f32; 4]; 3]) -> bool {
+    let ok = k1 <= n;
+    match ws {
+        Rows::F32(ws) if ok && block_ok(n, xs, ws) => {
+            (|| dispatch!(isa, dot_finish(k1, n, xs, ws, acc, out)))();
+            true
+        }
+        Rows::Bf16(ws) if ok && block_ok(n, xs, ws) => {
+            (|| dispatch!(isa, dot_finish_bf16(k1, n, xs, ws, acc, out)))();
+            true
+        }
+        _ => false,
+    }
+}
+
+fn block_ok<W>(n: usize, xs: &[&[f32]], ws: &[&[W]]) -> bool {
+    (1..=3).contains(&xs.len())
+        && (1..=4).contains(&ws.len())
+        && xs.iter().all(|x| x.len() >= n)
+        && ws.iter().all(|w| w.len() >= n)
+}
+
 /// `y[i] += a·x[i]`.
 #[inline]
 pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
@@ -277,6 +397,64 @@ mod tests {
     }
 
     #[test]
+    fn dot_blocks_are_shape_independent_and_match_f64() {
+        for isa in Isa::all_supported() {
+            for n in [1usize, 7, 8, 9, 64, 100, 2304] {
+                let x: Vec<Vec<f32>> = (0..3).map(|t| rnd(n, 30 + t)).collect();
+                let w: Vec<Vec<f32>> = (0..4).map(|r| rnd(n, 40 + r)).collect();
+                let wb: Vec<Vec<bf16>> = w.iter().map(|r| r.iter().map(|&v| bf16::from_f32(v)).collect()).collect();
+                let xs: Vec<&[f32]> = x.iter().map(|v| &v[..]).collect();
+                let ws: Vec<&[f32]> = w.iter().map(|v| &v[..]).collect();
+                let wbs: Vec<&[bf16]> = wb.iter().map(|v| &v[..]).collect();
+                let mut full = [[0.0; 4]; 3];
+                let mut fullb = [[0.0; 4]; 3];
+                let full_bits = |m: &[[f32; 4]; 3], t: usize, r: usize| m[t][r].to_bits();
+                assert!(dot_block(isa, n, &xs, &ws, &mut full));
+                assert!(dot_block_bf16(isa, n, &xs, &wbs, &mut fullb));
+                for t in 0..3 {
+                    for r in 0..4 {
+                        let want: f64 = (0..n).map(|i| x[t][i] as f64 * w[r][i] as f64).sum();
+                        assert!((full[t][r] as f64 - want).abs() < 1e-4 * (1.0 + want.abs()));
+                        for (mt, mr) in [(1usize, 1usize), (2, 3), (3, 1), (1, 4)] {
+                            let t0 = t.min(3 - mt);
+                            let r0 = r.min(4 - mr);
+                            let mut o = [[0.0; 4]; 3];
+                            let mut ob = [[0.0; 4]; 3];
+                            assert!(dot_block(isa, n, &xs[t0..t0 + mt], &ws[r0..r0 + mr], &mut o));
+                            assert!(dot_block_bf16(isa, n, &xs[t0..t0 + mt], &wbs[r0..r0 + mr], &mut ob));
+                            assert_eq!(o[t - t0][r - r0].to_bits(), full[t][r].to_bits());
+                            assert_eq!(ob[t - t0][r - r0].to_bits(), fullb[t][r].to_bits());
+                        }
+                    }
+                }
+                // k-blocked in pieces of 16 (+ tail) equals the one-pass block, bitwise.
+                let kfull = n / 8 * 8;
+                let mut acc = [0.0f32; 96];
+                let mut acb = acc;
+                let mut k0 = 0;
+                while k0 < kfull {
+                    let k1 = (k0 + 16).min(kfull);
+                    assert!(dot_partial(isa, k0, k1, &xs, Rows::F32(&ws), &mut acc));
+                    assert!(dot_partial(isa, k0, k1, &xs, Rows::Bf16(&wbs), &mut acb));
+                    k0 = k1;
+                }
+                let (mut o, mut ob) = ([[0.0; 4]; 3], [[0.0; 4]; 3]);
+                assert!(dot_finish(isa, kfull, n, &xs, Rows::F32(&ws), &acc, &mut o));
+                assert!(dot_finish(isa, kfull, n, &xs, Rows::Bf16(&wbs), &acb, &mut ob));
+                for t in 0..3 {
+                    for r in 0..4 {
+                        assert_eq!(o[t][r].to_bits(), full_bits(&full, t, r));
+                        assert_eq!(ob[t][r].to_bits(), full_bits(&fullb, t, r));
+                    }
+                }
+                let mut o = [[0.0; 4]; 3];
+                assert!(!dot_block(isa, n + 1, &xs, &ws, &mut o));
+                assert!(!dot_block(isa, n, &[], &ws, &mut o));
+            }
+        }
+    }
+
+    #[test]
     fn exp_paths_agree_and_handle_extremes() {
         let mut xs: Vec<f32> = (0..2000).map(|i| -100.0 + i as f32 * 0.0937).collect();
         xs.extend([0.0, -0.0, -87.0, -87.6, -1000.0, 80.0, 88.0, f32::NEG_INFINITY, f32::NAN]);
@@ -331,7 +509,7 @@ mod tests {
                 assert!(gemm_acc(isa, m, n, k, &a, lda, &b, ldb, &mut c, ldc));
                 for i in 0..m {
                     for j in 0..ldc {
-                        let w = if j < n { want[i * ldc + j] } else { want[i * ldc + j] };
+                        let w = want[i * ldc + j];
                         assert!((c[i * ldc + j] as f64 - w).abs() < 1e-4, "{isa:?} {m}x{n}x{k} [{i},{j}]");
                     }
                 }

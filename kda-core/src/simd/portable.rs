@@ -105,3 +105,96 @@ pub(super) fn transpose(rows: usize, cols: usize, src: &[f32], lds: usize, dst: 
         }
     }
 }
+
+/// Canonical block order for the portable path: per (token, row) an 8-lane accumulator over
+/// whole 8-blocks, the fixed reduction, then the scalar tail in order.
+fn dot_tile<W: Copy>(
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[W]],
+    out: &mut [[f32; 4]; 3],
+    widen: impl Fn(W) -> f32,
+) {
+    let full = n / LANES * LANES;
+    for (t, x) in xs.iter().enumerate().take(3) {
+        for (r, w) in ws.iter().enumerate().take(4) {
+            let mut acc = [0.0f32; LANES];
+            for (xc, wc) in x[..full].chunks_exact(LANES).zip(w[..full].chunks_exact(LANES)) {
+                for l in 0..LANES {
+                    acc[l] += xc[l] * widen(wc[l]);
+                }
+            }
+            let mut s = reduce(acc);
+            for j in full..n {
+                s += x[j] * widen(w[j]);
+            }
+            out[t][r] = s;
+        }
+    }
+}
+
+pub(super) fn dot_block(n: usize, xs: &[&[f32]], ws: &[&[f32]], out: &mut [[f32; 4]; 3]) {
+    dot_tile(n, xs, ws, out, |v| v);
+}
+
+pub(super) fn dot_block_bf16(n: usize, xs: &[&[f32]], ws: &[&[bf16]], out: &mut [[f32; 4]; 3]) {
+    dot_tile(n, xs, ws, out, bf16_to_f32);
+}
+
+fn partial_tile<W: Copy>(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[W]], acc: &mut [f32; 96], widen: impl Fn(W) -> f32) {
+    for (t, x) in xs.iter().enumerate().take(3) {
+        for (r, w) in ws.iter().enumerate().take(4) {
+            let a = &mut acc[(t * 4 + r) * 8..(t * 4 + r + 1) * 8];
+            for (xc, wc) in x[k0..k1].chunks_exact(LANES).zip(w[k0..k1].chunks_exact(LANES)) {
+                for l in 0..LANES {
+                    a[l] += xc[l] * widen(wc[l]);
+                }
+            }
+        }
+    }
+}
+
+fn finish_tile<W: Copy>(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[W]], acc: &[f32; 96], out: &mut [[f32; 4]; 3], widen: impl Fn(W) -> f32) {
+    for (t, x) in xs.iter().enumerate().take(3) {
+        for (r, w) in ws.iter().enumerate().take(4) {
+            let mut a = [0.0f32; LANES];
+            a.copy_from_slice(&acc[(t * 4 + r) * 8..(t * 4 + r + 1) * 8]);
+            let mut s = reduce(a);
+            for j in k1..n {
+                s += x[j] * widen(w[j]);
+            }
+            out[t][r] = s;
+        }
+    }
+}
+
+pub(super) fn dot_partial(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &mut [f32; 96]) {
+    partial_tile(k0, k1, xs, ws, acc, |v| v);
+}
+
+pub(super) fn dot_partial_bf16(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &mut [f32; 96]) {
+    partial_tile(k0, k1, xs, ws, acc, bf16_to_f32);
+}
+
+pub(super) fn dot_finish(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
+    finish_tile(k1, n, xs, ws, acc, out, |v| v);
+}
+
+pub(super) fn dot_finish_bf16(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
+    finish_tile(k1, n, xs, ws, acc, out, bf16_to_f32);
+}
+
+pub(super) fn dot_partial_tokens<W: Copy>(
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: &[&[W]],
+    accs: &mut [f32],
+    widen: impl Fn(W) -> f32 + Copy,
+) {
+    for (g, xg) in xs.chunks(3).enumerate() {
+        if let Some(acc) = accs.get_mut(96 * g..96 * g + 96).and_then(|a| <&mut [f32; 96]>::try_from(a).ok()) {
+            partial_tile(k0, k1, xg, ws, acc, widen);
+        }
+    }
+}

@@ -1,18 +1,81 @@
 //! The `kda` command-line tool.
+//!
+//! Every failure exits non-zero with one line on stderr, starting `error:` and naming the file,
+//! tensor or option at fault.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand};
-use kda_core::{InitialCaches, KdaConfig};
+use clap::error::ErrorKind;
+use clap::{Parser, Subcommand, ValueEnum};
+use kda_core::{DecayGate, GateProj, InitialCaches, KdaConfig};
+use kda_host::bench::{self, BenchOptions, Preset};
+use kda_host::checkpoint::layout::{GateTensors, WeightTensor};
+use kda_host::io::{write_output, Input};
 use kda_host::rng::Rng;
-use kda_host::{OwnedLayer, Runner, SequenceCaches, WeightDtype};
+use kda_host::state_file::{read_state, write_state};
+use kda_host::{
+    Checkpoint, HostError, Mode, Model, OwnedLayer, Runner, SequenceCaches, WeightDtype,
+};
 
 #[derive(Parser)]
-#[command(name = "kda", version, about = "Kimi Delta Attention layers on the CPU")]
+#[command(
+    name = "kda",
+    version,
+    about = "Kimi Delta Attention layers on the CPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    /// Let the library choose.
+    Auto,
+    /// Token-by-token recurrence.
+    Recurrent,
+    /// Chunked form (runs the recurrent path until the core has a chunked kernel).
+    Chunked,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Auto => Mode::Auto,
+            ModeArg::Recurrent => Mode::Recurrent,
+            ModeArg::Chunked => Mode::Chunked,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PresetArg {
+    /// hidden 1024, 8 heads x 32, lower-bound gate, full-rank output gate (Kimi-K3-0.40B).
+    Small,
+    /// hidden 2304, 32 x 128, softplus gate, low-rank output gate (Kimi Linear 48B).
+    KimiLinear,
+    /// hidden 7168, 96 x 128, lower-bound gate, full-rank output gate (Kimi K3).
+    KimiK3,
+}
+
+impl From<PresetArg> for Preset {
+    fn from(p: PresetArg) -> Preset {
+        match p {
+            PresetArg::Small => Preset::Small,
+            PresetArg::KimiLinear => Preset::KimiLinear,
+            PresetArg::KimiK3 => Preset::KimiK3,
+        }
+    }
+}
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a thread count (a whole number ≥ 1)")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -29,6 +92,59 @@ enum Command {
         /// Seed for the weights and the inputs.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+    },
+    /// Lists the KDA layers of a checkpoint folder: dims, dtypes, gate forms.
+    Inspect {
+        /// Checkpoint folder (config.json + model.safetensors or shards with an index).
+        dir: PathBuf,
+    },
+    /// Runs one KDA layer of a checkpoint over the rows of an input file.
+    Forward {
+        /// Checkpoint folder.
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// Model layer, 0-based (default: the first KDA layer).
+        #[arg(long, value_name = "N", allow_hyphen_values = true)]
+        layer: Option<usize>,
+        /// Input safetensors: `hidden_states` `[T, hidden]` F32/BF16, optional `cu_seqlens` `[N+1]` I64/I32.
+        #[arg(long, value_name = "IN")]
+        input: PathBuf,
+        /// Output safetensors: `output` `[T, hidden]` F32.
+        #[arg(long, value_name = "OUT")]
+        output: PathBuf,
+        /// Initial states (`recurrent_state` `[N,H,K,V]`, `conv_state_{q,k,v}` `[N,H·K,W−1]`, F32).
+        #[arg(long, value_name = "S")]
+        state_in: Option<PathBuf>,
+        /// Where to write the final states (same format).
+        #[arg(long, value_name = "S")]
+        state_out: Option<PathBuf>,
+        /// Sequence path.
+        #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
+        mode: ModeArg,
+        /// Worker threads (default: the available cores).
+        #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
+        threads: Option<usize>,
+    },
+    /// Measures prefill and decode of one synthetic layer at a published size.
+    Bench {
+        /// Layer size.
+        #[arg(long, value_enum, default_value_t = PresetArg::Small)]
+        preset: PresetArg,
+        /// Prompt tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        prompt: usize,
+        /// Decode steps.
+        #[arg(long, default_value_t = 32)]
+        steps: usize,
+        /// Sequences.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Seed for the weights and inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Worker threads (default: the available cores).
+        #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
+        threads: Option<usize>,
     },
 }
 
@@ -65,7 +181,9 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     let mut last = Vec::new();
     for _ in 0..steps {
         let xt = rng.normals(cfg.hidden, 1.0);
-        last = runner.decode(&layer, &xt, &mut caches).map_err(|e| e.to_string())?;
+        last = runner
+            .decode(&layer, &xt, &mut caches)
+            .map_err(|e| e.to_string())?;
     }
     let dt = t.elapsed().as_secs_f64();
     println!(
@@ -81,20 +199,292 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+fn dtype_summary(tensors: &[&WeightTensor]) -> String {
+    let short = |t: &WeightTensor| {
+        let s = t.name.rsplit("self_attn.").next().unwrap_or(&t.name);
+        let s = s.strip_suffix(".weight").unwrap_or(s).to_string();
+        if t.used != t.shape.iter().product::<usize>() {
+            format!("{s}{:?}(first {} used)", t.shape, t.used)
+        } else {
+            s
+        }
+    };
+    let mut groups: Vec<(&'static str, Vec<String>)> = Vec::new();
+    for t in tensors {
+        let d = t.dtype.name();
+        match groups.iter_mut().find(|(g, _)| *g == d) {
+            Some((_, v)) => v.push(short(t)),
+            None => groups.push((d, vec![short(t)])),
+        }
+    }
+    if groups.len() == 1 {
+        let padded: Vec<String> = tensors
+            .iter()
+            .filter(|t| t.used != t.shape.iter().product::<usize>())
+            .map(|t| short(t))
+            .collect();
+        let extra = if padded.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", padded.join(", "))
+        };
+        return format!("all {}{extra}", groups[0].0);
+    }
+    groups
+        .iter()
+        .map(|(d, v)| format!("{d}: {}", v.join(" ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn gate_forms(cfg: &KdaConfig) -> String {
+    let decay = match cfg.decay_gate {
+        DecayGate::Softplus => "softplus decay gate".to_string(),
+        DecayGate::LowerBound(lb) => format!("lower-bound {lb} decay gate"),
+    };
+    let dp = match cfg.decay_proj {
+        GateProj::FullRank => "full-rank".to_string(),
+        GateProj::LowRank { rank } => format!("low-rank {rank}"),
+    };
+    let og = match cfg.output_gate {
+        GateProj::FullRank => "full-rank output gate (g_proj)".to_string(),
+        GateProj::LowRank { rank } => format!("low-rank {rank} output gate (g_a/g_b)"),
+    };
+    format!("{decay} (f_a/f_b {dp}), {og}")
+}
+
+fn inspect(dir: &Path) -> Result<(), String> {
+    let model = Model::open(dir).map_err(|e| e.to_string())?;
+    let c = model.config();
+    println!(
+        "{}: {} layout, model_type {}, hidden {}, {} layers: {} KDA, {} full attention",
+        model.name(),
+        c.layout.name(),
+        c.model_type.as_deref().unwrap_or("?"),
+        c.hidden,
+        c.num_layers.map_or("?".to_string(), |n| n.to_string()),
+        c.kda_layers.len(),
+        c.full_attn_layers.len()
+    );
+    println!(
+        "weight files used: {}; KDA weights {:.1} MiB",
+        model.files().len(),
+        model.weight_bytes() as f64 / (1 << 20) as f64
+    );
+    if !c.full_attn_layers.is_empty() {
+        let v: Vec<String> = c.full_attn_layers.iter().map(usize::to_string).collect();
+        println!("full-attention layers (0-based): {}", v.join(","));
+    }
+    for l in model.layers() {
+        let all = l.tensors.all();
+        let copied = all.iter().filter(|t| !t.in_place()).count();
+        let gate_shape = match &l.tensors.output_gate {
+            GateTensors::FullRank(g) => format!("g_proj {:?}", g.shape),
+            GateTensors::LowRank(a, b) => format!("g_a {:?} g_b {:?}", a.shape, b.shape),
+        };
+        println!(
+            "layer {:>3}: KDA hidden {}, {} heads x {} (P {}), conv {} {:?}, {}, rms eps {:e}; {gate_shape}; dtypes {}; {:.1} MiB{}",
+            l.index,
+            l.cfg.hidden,
+            l.cfg.heads,
+            l.cfg.head_dim,
+            l.cfg.proj_dim(),
+            l.cfg.conv_width,
+            l.tensors.conv[0].shape,
+            gate_forms(&l.cfg),
+            l.cfg.rms_eps,
+            dtype_summary(&all),
+            l.weight_bytes() as f64 / (1 << 20) as f64,
+            if copied == 0 {
+                String::new()
+            } else {
+                format!(", {copied} tensors copied (misaligned)")
+            }
+        );
+    }
+    Ok(())
+}
+
+fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, String> {
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map_err(|e| format!("--threads {n}: cannot start the thread pool: {e}"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    model_dir: &Path,
+    layer: Option<usize>,
+    input: &Path,
+    output: &Path,
+    state_in: Option<&Path>,
+    state_out: Option<&Path>,
+    mode: Mode,
+    threads: Option<usize>,
+) -> Result<(), String> {
+    let pool = thread_pool(threads)?;
+    let ckpt = Checkpoint::open(model_dir).map_err(|e| e.to_string())?;
+    let index = match layer {
+        Some(n) => {
+            ckpt.config
+                .check_kda_layer(n)
+                .map_err(|e| format!("--layer {n}: {e}"))?;
+            n
+        }
+        None => *ckpt
+            .config
+            .kda_layers
+            .first()
+            .ok_or_else(|| format!("{}: the config lists no KDA layers", ckpt.name()))?,
+    };
+    let model = ckpt.load(Some(&[index])).map_err(|e| e.to_string())?;
+    let (cfg, w) = model.weights(index).map_err(|e| e.to_string())?;
+    let inp = Input::read(input, cfg.hidden).map_err(|e| e.to_string())?;
+    let n = inp.sequences();
+    let (mut caches, init) = match state_in {
+        Some(p) => (
+            read_state(p, cfg, Some(n)).map_err(|e| e.to_string())?,
+            InitialCaches::Given,
+        ),
+        None => (
+            SequenceCaches::try_new(cfg, n).map_err(|e| e.to_string())?,
+            InitialCaches::Zero,
+        ),
+    };
+    let mut runner = Runner::default();
+    let out = pool
+        .install(|| {
+            runner.forward_weights(
+                cfg,
+                &w,
+                &inp.hidden_states,
+                &inp.cu_seqlens,
+                &mut caches,
+                init,
+                mode,
+            )
+        })
+        .map_err(|e: HostError| format!("layer {index}: {e}"))?;
+    write_output(output, &out, cfg.hidden).map_err(|e| e.to_string())?;
+    if let Some(p) = state_out {
+        write_state(p, cfg, &caches).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
         Command::Demo {
             prompt,
             steps,
             seed,
         } => demo(prompt, steps, seed),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Command::Inspect { dir } => inspect(&dir),
+        Command::Forward {
+            model,
+            layer,
+            input,
+            output,
+            state_in,
+            state_out,
+            mode,
+            threads,
+        } => forward(
+            &model,
+            layer,
+            &input,
+            &output,
+            state_in.as_deref(),
+            state_out.as_deref(),
+            mode.into(),
+            threads,
+        ),
+        Command::Bench {
+            preset,
+            prompt,
+            steps,
+            batch,
+            seed,
+            threads,
+        } => {
+            if batch == 0 {
+                return Err("--batch: must be at least 1".into());
+            }
+            let pool = thread_pool(threads)?;
+            let opts = BenchOptions {
+                preset: preset.into(),
+                prompt,
+                steps,
+                batch,
+                seed,
+                threads: pool.current_num_threads(),
+                progress: true,
+            };
+            pool.install(|| bench::run(&opts, &mut std::io::stdout()))
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// One line: newlines and runs of spaces collapsed.
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("error: internal: {}{at}", one_line(&msg));
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    ExitCode::SUCCESS
+                }
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                | ErrorKind::MissingSubcommand => {
+                    eprintln!("error: a command is required (demo, inspect, forward, bench); see `kda --help`");
+                    ExitCode::from(2)
+                }
+                _ => {
+                    // clap's message up to its usage/tip lines, on one line.
+                    let text = e.to_string();
+                    let body: Vec<&str> = text
+                        .lines()
+                        .take_while(|l| {
+                            !l.starts_with("Usage:") && !l.starts_with("For more information")
+                        })
+                        .filter(|l| !l.trim_start().starts_with("tip:"))
+                        .collect();
+                    let msg = one_line(&body.join(" "));
+                    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+                    eprintln!("error: {msg}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+    };
+    match std::panic::catch_unwind(move || run(cli)) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+        // The hook has printed the one line.
+        Err(_) => ExitCode::FAILURE,
     }
 }

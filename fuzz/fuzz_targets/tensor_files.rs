@@ -1,0 +1,42 @@
+//! Safetensors files the tool reads: `[selector byte][file]`. Selector 0: an input file
+//! (hidden 4); 1: a one-layer state file (hidden 4, 1 head × 2, conv 3); other: any header.
+#![no_main]
+
+use kda_core::KdaConfig;
+use kda_host::checkpoint::safetensors::{parse_header, Buffer, SafetensorsFile};
+use kda_host::io::Input;
+use kda_host::state_file::parse_state;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, file)) = data.split_first() else {
+        return;
+    };
+    match sel % 3 {
+        0 => {
+            if let Ok(i) = Input::parse(file, "in", 4) {
+                assert_eq!(i.hidden_states.len(), i.tokens * 4);
+                assert_eq!(i.cu_seqlens.first(), Some(&0));
+                assert_eq!(i.cu_seqlens.last(), Some(&i.tokens));
+            }
+        }
+        1 => {
+            let mut cfg = KdaConfig::kimi_k3(4, 1, 2);
+            cfg.conv_width = 3;
+            if let Ok(c) = parse_state(file, "state", &cfg, None) {
+                assert_eq!(c.recurrent.len(), c.sequences * 4);
+                assert_eq!(c.conv_q.len(), c.sequences * 4);
+            }
+        }
+        _ => {
+            if parse_header(file, "f").is_ok() {
+                let f =
+                    SafetensorsFile::parse("f", Buffer::Owned(file.to_vec())).expect("parsed once");
+                for name in f.header.tensors.keys() {
+                    let _ = f.f32_tensor(name, None, false);
+                    let _ = f.int_tensor(name);
+                }
+            }
+        }
+    }
+});

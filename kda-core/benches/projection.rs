@@ -1,0 +1,48 @@
+//! The projections as GEMM at Kimi Linear's layer shape: x `[M = 1024, 2304]` times
+//! `q_proj` `[4096, 2304]`ᵀ, f32 and bf16 weights, one thread, blocks of 256 tokens as the
+//! layer runs them. Throughput in FMAs/s, next to the FMA peak measured in `delta_rule`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kda_core::ops::linear::{project_tile, PROJECT_SCRATCH};
+use kda_core::{bf16, Data, Isa, MatRef};
+
+const M: usize = 1024;
+const N_IN: usize = 2304;
+const N_OUT: usize = 4096;
+const BLOCK: usize = 256;
+
+fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) {
+    for b in (0..M).step_by(BLOCK) {
+        let row = |t: usize| &x[(b + t) * N_IN..(b + t + 1) * N_IN];
+        let blk = &mut out[b * N_OUT..(b + BLOCK) * N_OUT];
+        let mut scratch = vec![0.0f32; PROJECT_SCRATCH];
+        // Tiles of 16 rows, as the layer hands them to its workers.
+        for o0 in (0..N_OUT).step_by(16) {
+            assert!(project_tile(isa, &row, BLOCK, w, o0, o0 + 16, &mut scratch, &mut |t, o, v| {
+                blk[t * N_OUT + o] = v
+            }));
+        }
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let x: Vec<f32> = (0..M * N_IN).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
+    let wf: Vec<f32> = (0..N_OUT * N_IN).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
+    let wb: Vec<bf16> = wf.iter().map(|&v| bf16::from_f32(v)).collect();
+    let mut out = vec![0.0f32; M * N_OUT];
+    let mut g = c.benchmark_group("projection_1024x2304x4096");
+    g.throughput(Throughput::Elements((M * N_IN * N_OUT) as u64));
+    g.sample_size(10);
+    let mf = MatRef::new("w", Data::F32(&wf), N_OUT, N_IN).unwrap();
+    let mb = MatRef::new("w", Data::Bf16(&wb), N_OUT, N_IN).unwrap();
+    g.bench_function("f32_weights", |b| b.iter(|| run(isa, &x, &mf, &mut out)));
+    g.bench_function("bf16_weights", |b| b.iter(|| run(isa, &x, &mb, &mut out)));
+    g.finish();
+    black_box(&out);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

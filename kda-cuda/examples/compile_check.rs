@@ -1,0 +1,151 @@
+//! Compiles every embedded kernel source with NVRTC for each target architecture (default
+//! `sm_80` and `sm_90`; override with arguments), without a GPU, and fails on any error or
+//! warning, on a kernel the Rust side loads that the PTX lacks, or on a register spill in a
+//! kernel that must not spill.
+//!
+//! Needs only `libnvrtc` on the loader path (e.g. the `nvidia-cuda-nvrtc-cu12` wheel's lib
+//! directory in `LD_LIBRARY_PATH`); see `.ci/cuda-compile-check.sh`.
+//!
+//! ```text
+//! cargo run -p kda-cuda --example compile_check [-- sm_80 sm_90 ...]
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use kda_cuda::{kernels, nvrtc};
+
+/// Kernels allowed to spill registers a little (the decode kernel keeps a 128-float state
+/// column in registers next to the conv and norm work; a few bytes of spill are tolerated).
+const SPILL_TOLERANT: &[&str] = &["kda_decode"];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let archs: Vec<String> = if args.is_empty() {
+        vec!["sm_80".into(), "sm_90".into()]
+    } else {
+        args
+    };
+    match nvrtc::version() {
+        Ok((major, minor)) => println!("NVRTC {major}.{minor}"),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut failures = 0usize;
+    let started = Instant::now();
+    println!(
+        "{:<14} {:<8} {:>10} {:>10} {:>8}  kernels",
+        "program", "arch", "PTX bytes", "CUBIN", "seconds"
+    );
+    let mut programs: Vec<(String, String, Vec<&str>)> = kernels::FILES
+        .iter()
+        .filter(|f| !f.kernels.is_empty())
+        .map(|f| {
+            (
+                f.name.to_string(),
+                kernels::file_program(f.name).unwrap_or_default(),
+                f.kernels.to_vec(),
+            )
+        })
+        .collect();
+    programs.push((
+        "(module)".into(),
+        kernels::module_source(),
+        kernels::all_kernels().collect(),
+    ));
+    // Every (arch, program) compile is independent: run them on all cores, report in order.
+    let jobs: Vec<(&String, &(String, String, Vec<&str>))> =
+        archs.iter().flat_map(|a| programs.iter().map(move |p| (a, p))).collect();
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<(Result<nvrtc::Compiled, kda_cuda::CudaError>, f64)>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((arch, (name, src, _))) = jobs.get(i) else { break };
+                let t0 = Instant::now();
+                let r = nvrtc::compile(src, name, arch, &["--ptxas-options=--verbose"]);
+                *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some((r, t0.elapsed().as_secs_f64()));
+            });
+        }
+    });
+    for ((arch, (name, _, expected)), slot) in jobs.iter().zip(results) {
+        let Some((res, secs)) = slot.into_inner().unwrap_or_else(|p| p.into_inner()) else {
+            println!("{name:<14} {arch:<8} NOT RUN");
+            failures += 1;
+            continue;
+        };
+        match res {
+            Err(e) => {
+                println!("{name:<14} {arch:<8} FAILED");
+                eprintln!("{e}");
+                failures += 1;
+            }
+            Ok(c) => {
+                let missing: Vec<&&str> =
+                    expected.iter().filter(|k| !nvrtc::ptx_defines(&c.ptx, k)).collect();
+                println!(
+                    "{name:<14} {arch:<8} {:>10} {:>10} {secs:>8.2}  {}",
+                    c.ptx.len(),
+                    c.cubin.as_ref().map_or(0, |b| b.len()),
+                    expected.join(" ")
+                );
+                if !missing.is_empty() {
+                    eprintln!("{name} for {arch}: PTX lacks kernels {missing:?}");
+                    failures += 1;
+                }
+                let warnings: Vec<&str> =
+                    c.log.lines().filter(|l| l.contains("warning")).collect();
+                if !warnings.is_empty() {
+                    eprintln!("{name} for {arch}: compiler warnings:\n{}", c.log);
+                    failures += 1;
+                }
+                if name == "(module)" {
+                    failures += report_resources(arch, &c.log);
+                }
+            }
+        }
+    }
+    println!(
+        "{} program(s) × {} arch(es) in {:.1} s: {}",
+        programs.len(),
+        archs.len(),
+        started.elapsed().as_secs_f64(),
+        if failures == 0 { "OK" } else { "FAILED" }
+    );
+    if failures == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Prints ptxas's per-kernel registers / spills; returns 1 for a forbidden spill.
+fn report_resources(arch: &str, log: &str) -> usize {
+    let mut failures = 0;
+    let mut current = String::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = rest.split('\'').next().unwrap_or_default().to_string();
+        } else if line.contains("spill stores") && !current.is_empty() {
+            let spills = line
+                .split("bytes spill stores")
+                .next()
+                .and_then(|s| s.rsplit(',').next())
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if spills > 0 && !SPILL_TOLERANT.contains(&current.as_str()) {
+                eprintln!("{arch}: {current} spills {spills} bytes of registers");
+                failures += 1;
+            }
+        } else if line.contains("Used") && line.contains("registers") && !current.is_empty() {
+            let used = line.split("Used").nth(1).unwrap_or_default().trim();
+            println!("    {arch} {current:<24} {used}");
+        }
+    }
+    failures
+}

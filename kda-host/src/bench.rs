@@ -1,0 +1,365 @@
+//! `kda bench`: prefill and decode of one synthetic KDA layer at a published size, next to this
+//! machine's memory bandwidth measured in the same run.
+//!
+//! * Prefill is reported in tokens/s and GFLOP/s, counting per token
+//!   `2·(weight MACs) + 8·H·K·V` FLOPs: 2 per weight element applied (q/k/v/gate/beta/o
+//!   projections and the short convs) plus `4·K·V` multiply-adds per head for the recurrence
+//!   (decay, `kᵀS`, rank-1 update, `qᵀS`).
+//! * Decode is reported in tokens/s and achieved GB/s over the bytes one step must stream:
+//!   every weight once, plus each sequence's recurrent and conv states read and written.
+//! * The bandwidth reference is the best of a few passes of a large `memcpy` (read + write bytes
+//!   counted) and of a large read, on as many threads as the benchmark uses.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use kda_core::{DecayGate, GateProj, InitialCaches, KdaConfig};
+use rayon::prelude::*;
+
+use crate::cache::SequenceCaches;
+use crate::error::{HostError, Result};
+use crate::layer::{OwnedGate, OwnedLayer, WeightDtype};
+use crate::rng::Rng;
+use crate::runner::{Mode, Runner};
+
+/// Published layer sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// Kimi-K3-0.40B-sized: hidden 1024, 8 heads × 32, K3 gates.
+    Small,
+    /// Kimi Linear 48B: hidden 2304, 32 × 128, softplus decay gate, low-rank output gate.
+    KimiLinear,
+    /// Kimi K3: hidden 7168, 96 × 128, lower-bound −5 decay gate, full-rank output gate.
+    KimiK3,
+}
+
+impl Preset {
+    /// The layer configuration.
+    pub fn config(self) -> KdaConfig {
+        match self {
+            Preset::Small => KdaConfig::kimi_k3(1024, 8, 32),
+            Preset::KimiLinear => KdaConfig::kimi_linear(2304, 32, 128),
+            Preset::KimiK3 => KdaConfig::kimi_k3(7168, 96, 128),
+        }
+    }
+
+    /// Name as the `kda` tool spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Small => "small",
+            Preset::KimiLinear => "kimi-linear",
+            Preset::KimiK3 => "kimi-k3",
+        }
+    }
+}
+
+/// One line describing a layer configuration.
+pub fn describe(cfg: &KdaConfig) -> String {
+    let decay = match cfg.decay_gate {
+        DecayGate::Softplus => "softplus decay gate".to_string(),
+        DecayGate::LowerBound(lb) => format!("lower-bound {lb} decay gate"),
+    };
+    let gate = match cfg.output_gate {
+        GateProj::FullRank => "full-rank output gate".to_string(),
+        GateProj::LowRank { rank } => format!("low-rank ({rank}) output gate"),
+    };
+    format!(
+        "hidden {}, {} heads x {}, conv {}, {decay}, {gate}",
+        cfg.hidden, cfg.heads, cfg.head_dim, cfg.conv_width
+    )
+}
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOptions {
+    /// Layer size.
+    pub preset: Preset,
+    /// Prompt tokens per sequence.
+    pub prompt: usize,
+    /// Decode steps.
+    pub steps: usize,
+    /// Sequences.
+    pub batch: usize,
+    /// Seed for weights and inputs.
+    pub seed: u64,
+    /// Threads of the pool the benchmark runs in (for the bandwidth reference).
+    pub threads: usize,
+    /// Draw a progress bar on stderr (only when it is a terminal).
+    pub progress: bool,
+}
+
+/// Measured memory bandwidth, GB/s (1e9 bytes/s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bandwidth {
+    /// `memcpy`, read + write bytes counted.
+    pub copy: f64,
+    /// Read only.
+    pub read: f64,
+}
+
+/// Measures memory bandwidth over buffers of `bytes` (best of a few passes), on the current
+/// rayon pool's threads when `parallel`.
+pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<Bandwidth> {
+    let n = (bytes / 8).max(1 << 16);
+    let mut src = crate::error::try_zeroed::<u64>(n, "the bandwidth buffer")?;
+    let mut dst = crate::error::try_zeroed::<u64>(n, "the bandwidth buffer")?;
+    for (i, v) in src.iter_mut().enumerate() {
+        *v = i as u64;
+    }
+    dst.copy_from_slice(&src); // fault every page in
+    let chunk = (n / rayon::current_num_threads().max(1)).max(1 << 14);
+    let best = |f: &mut dyn FnMut()| {
+        (0..4)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+            .as_secs_f64()
+            .max(1e-9)
+    };
+    let copy_s = best(&mut || {
+        if parallel {
+            dst.par_chunks_mut(chunk)
+                .zip(src.par_chunks(chunk))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        } else {
+            dst.copy_from_slice(&src);
+        }
+        std::hint::black_box(&mut dst);
+    });
+    let sum = |s: &[u64]| {
+        let mut acc = [0u64; 8];
+        for c in s.chunks_exact(8) {
+            for (a, v) in acc.iter_mut().zip(c) {
+                *a = a.wrapping_add(*v);
+            }
+        }
+        acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+    };
+    let read_s = best(&mut || {
+        let s = if parallel {
+            src.par_chunks(chunk)
+                .map(sum)
+                .reduce(|| 0, u64::wrapping_add)
+        } else {
+            sum(&src)
+        };
+        std::hint::black_box(s);
+    });
+    let b = (n * 8) as f64;
+    Ok(Bandwidth {
+        copy: 2.0 * b / copy_s / 1e9,
+        read: b / read_s / 1e9,
+    })
+}
+
+/// Weight multiply-adds per token (every matrix and conv element once).
+pub fn weight_macs(layer: &OwnedLayer) -> usize {
+    let m = |g: &OwnedGate| match g {
+        OwnedGate::FullRank(a) => a.rows * a.cols,
+        OwnedGate::LowRank(a, b) => a.rows * a.cols + b.rows * b.cols,
+    };
+    let mats: usize = layer.qkv.iter().map(|q| q.rows * q.cols).sum::<usize>()
+        + m(&layer.decay_proj)
+        + m(&layer.output_gate)
+        + layer.b_proj.rows * layer.b_proj.cols
+        + layer.o_proj.rows * layer.o_proj.cols;
+    let conv = 3 * layer.cfg.proj_dim() * layer.cfg.conv_width;
+    mats + conv
+}
+
+/// FLOPs per prefill token: `2·weight_macs + 8·H·K·V`.
+pub fn flops_per_token(layer: &OwnedLayer) -> f64 {
+    let c = &layer.cfg;
+    2.0 * weight_macs(layer) as f64 + 8.0 * (c.heads * c.head_dim * c.head_dim) as f64
+}
+
+/// Bytes one decode step over `batch` sequences streams: weights once, and each sequence's
+/// recurrent and conv states read and written.
+pub fn decode_bytes_per_step(layer: &OwnedLayer, batch: usize) -> f64 {
+    let c = &layer.cfg;
+    let state =
+        4 * (c.heads * c.head_dim * c.head_dim + 3 * c.proj_dim() * c.conv_width.saturating_sub(1));
+    layer.weight_bytes() as f64 + (batch * 2 * state) as f64
+}
+
+/// A progress bar on stderr, drawn only when stderr is a terminal.
+#[derive(Debug)]
+pub struct Progress {
+    label: &'static str,
+    total: usize,
+    done: usize,
+    on: bool,
+    last: Instant,
+    start: Instant,
+}
+
+impl Progress {
+    /// A bar for `total` units; drawn only if `enabled` and stderr is a terminal.
+    pub fn new(label: &'static str, total: usize, enabled: bool) -> Self {
+        let now = Instant::now();
+        Progress {
+            label,
+            total: total.max(1),
+            done: 0,
+            on: enabled && std::io::stderr().is_terminal(),
+            last: now,
+            start: now,
+        }
+    }
+
+    /// Adds `n` units done.
+    pub fn inc(&mut self, n: usize) {
+        self.done = (self.done + n).min(self.total);
+        // Only runs longer than half a second get a bar; redraw at most 10 times a second.
+        if self.on
+            && self.start.elapsed() > Duration::from_millis(500)
+            && self.last.elapsed() > Duration::from_millis(100)
+        {
+            self.last = Instant::now();
+            let w = 30;
+            let filled = w * self.done / self.total;
+            eprint!(
+                "\r{:>8} [{}{}] {}/{}",
+                self.label,
+                "#".repeat(filled),
+                " ".repeat(w - filled),
+                self.done,
+                self.total
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    /// Clears the bar.
+    pub fn finish(&mut self) {
+        if self.on && self.start.elapsed() > Duration::from_millis(500) {
+            eprint!("\r{}\r", " ".repeat(60));
+            let _ = std::io::stderr().flush();
+        }
+    }
+}
+
+/// Runs the benchmark, writing the report to `out`.
+pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
+    let w = |out: &mut dyn Write, s: String| {
+        writeln!(out, "{s}")
+            .map_err(|e| HostError::Invalid(format!("cannot write the report: {e}")))
+    };
+    if opts.batch == 0 {
+        return Err(HostError::Invalid("--batch must be at least 1".into()));
+    }
+    let cfg = opts.preset.config();
+    let bw = measure_bandwidth(256 << 20, opts.threads > 1)?;
+    let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
+    w(
+        out,
+        format!(
+            "kda bench: preset {} ({}), bf16 weights {:.1} MiB (seeded random), batch {}, {} thread(s)",
+            opts.preset.name(),
+            describe(&cfg),
+            layer.weight_bytes() as f64 / (1 << 20) as f64,
+            opts.batch,
+            opts.threads
+        ),
+    )?;
+    w(
+        out,
+        format!(
+            "memory bandwidth of this machine ({} thread(s), 256 MiB buffers): memcpy {:.1} GB/s (read+write bytes), read {:.1} GB/s",
+            opts.threads, bw.copy, bw.read
+        ),
+    )?;
+    let mut caches = SequenceCaches::try_new(&cfg, opts.batch)?;
+    let mut runner = Runner::default();
+    let mut rng = Rng::new(opts.seed ^ 0xbe9c);
+    let hd = cfg.hidden;
+
+    // Prefill: `batch` sequences of `prompt` tokens, in slices so a bar can move.
+    let slice = 64usize;
+    let mut bar = Progress::new("prefill", opts.prompt * opts.batch, opts.progress);
+    let xs: Vec<Vec<f32>> = (0..opts.batch)
+        .map(|_| rng.normals(opts.prompt * hd, 1.0))
+        .collect();
+    let t = Instant::now();
+    let mut t0 = 0;
+    let mut sum_sq = 0.0f64;
+    while t0 < opts.prompt || t0 == 0 {
+        let t1 = opts.prompt.min(t0 + slice);
+        let len = t1 - t0;
+        let mut x = Vec::with_capacity(len * hd * opts.batch);
+        for s in &xs {
+            x.extend_from_slice(&s[t0 * hd..t1 * hd]);
+        }
+        let cu: Vec<usize> = (0..=opts.batch).map(|i| i * len).collect();
+        let init = if t0 == 0 {
+            InitialCaches::Zero
+        } else {
+            InitialCaches::Given
+        };
+        let w = layer.weights()?;
+        let y = runner.forward_weights(&cfg, &w, &x, &cu, &mut caches, init, Mode::Auto)?;
+        sum_sq += y.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
+        bar.inc(len * opts.batch);
+        t0 = t1;
+        if opts.prompt == 0 {
+            break;
+        }
+    }
+    bar.finish();
+    let dt = t.elapsed().as_secs_f64().max(1e-9);
+    let toks = (opts.prompt * opts.batch) as f64;
+    let fpt = flops_per_token(&layer);
+    w(
+        out,
+        format!(
+            "prefill: {} x {} tokens in {dt:.3} s = {:.1} tokens/s, {:.2} GFLOP/s (FLOPs/token = 2*weight MACs + 8*H*K*V = 2*{} + 8*{}*{}*{} = {:.3} GFLOP; output RMS {:.4})",
+            opts.batch,
+            opts.prompt,
+            toks / dt,
+            toks * fpt / dt / 1e9,
+            weight_macs(&layer),
+            cfg.heads,
+            cfg.head_dim,
+            cfg.head_dim,
+            fpt / 1e9,
+            (sum_sq / (toks * hd as f64).max(1.0)).sqrt()
+        ),
+    )?;
+
+    // Decode.
+    let mut bar = Progress::new("decode", opts.steps, opts.progress);
+    let wts = layer.weights()?;
+    let mut last = Vec::new();
+    let mut elapsed = Duration::ZERO;
+    for _ in 0..opts.steps {
+        let x = rng.normals(opts.batch * hd, 1.0);
+        let t = Instant::now();
+        last = runner.decode_weights(&cfg, &wts, &x, &mut caches)?;
+        elapsed += t.elapsed();
+        bar.inc(1);
+    }
+    bar.finish();
+    let dt = elapsed.as_secs_f64().max(1e-9);
+    let bytes = decode_bytes_per_step(&layer, opts.batch);
+    let gbs = bytes * opts.steps as f64 / dt / 1e9;
+    w(
+        out,
+        format!(
+            "decode: {} steps x batch {} in {dt:.3} s = {:.1} tokens/s ({:.3} ms/step), {gbs:.2} GB/s achieved = {:.0}% of measured read bandwidth (bytes/step = weights + batch*2*(recurrent + conv states) = {:.1} MB)",
+            opts.steps,
+            opts.batch,
+            (opts.steps * opts.batch) as f64 / dt,
+            1e3 * dt / opts.steps.max(1) as f64,
+            100.0 * gbs / bw.read.max(1e-9),
+            bytes / 1e6
+        ),
+    )?;
+    if !last.iter().all(|v| v.is_finite()) || !sum_sq.is_finite() {
+        return Err(HostError::Invalid("bench: non-finite output".into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! All KDA layers of a checkpoint, loaded together, and a per-sequence cache for them.
+
+use std::path::Path;
+
+use kda_core::{InitialCaches, KdaConfig, KdaWeights};
+
+use crate::cache::SequenceCaches;
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::layout::LayerTensors;
+use crate::checkpoint::safetensors::SafetensorsFile;
+use crate::checkpoint::Checkpoint;
+use crate::error::{HostError, Result};
+use crate::runner::{Mode, Runner};
+
+/// One loaded KDA layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelLayer {
+    /// Model layer number, 0-based.
+    pub index: usize,
+    /// The core configuration.
+    pub cfg: KdaConfig,
+    /// Its tensors (in place in the mapped files, or copied).
+    pub tensors: LayerTensors,
+}
+
+impl ModelLayer {
+    /// Bytes of weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.tensors.all().iter().map(|t| t.bytes()).sum()
+    }
+}
+
+/// The KDA layers of a checkpoint, over memory-mapped weight files.
+#[derive(Debug)]
+pub struct Model {
+    name: String,
+    config: ModelConfig,
+    files: Vec<SafetensorsFile>,
+    layers: Vec<ModelLayer>,
+}
+
+impl Model {
+    /// Loads every KDA layer of the checkpoint folder `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        Checkpoint::open(dir)?.load(None)
+    }
+
+    /// Loads the given model layers (0-based; each must be a KDA layer) of `dir`.
+    pub fn open_layers(dir: &Path, layers: &[usize]) -> Result<Self> {
+        Checkpoint::open(dir)?.load(Some(layers))
+    }
+
+    pub(crate) fn from_parts(
+        name: String,
+        config: ModelConfig,
+        files: Vec<SafetensorsFile>,
+        layers: Vec<ModelLayer>,
+    ) -> Self {
+        Model {
+            name,
+            config,
+            files,
+            layers,
+        }
+    }
+
+    /// The checkpoint folder, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The model-level configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The loaded layers, ascending.
+    pub fn layers(&self) -> &[ModelLayer] {
+        &self.layers
+    }
+
+    /// The weight files opened.
+    pub fn files(&self) -> &[SafetensorsFile] {
+        &self.files
+    }
+
+    /// Loaded layer for model layer `index` (0-based).
+    pub fn layer(&self, index: usize) -> Result<&ModelLayer> {
+        match self.layers.iter().find(|l| l.index == index) {
+            Some(l) => Ok(l),
+            None => {
+                self.config.check_kda_layer(index)?;
+                Err(HostError::NotKda {
+                    layer: index,
+                    reason: "it was not loaded".into(),
+                })
+            }
+        }
+    }
+
+    /// The weights of model layer `index` for the core, borrowed from the mapped files.
+    pub fn weights(&self, index: usize) -> Result<(&KdaConfig, KdaWeights<'_>)> {
+        let l = self.layer(index)?;
+        Ok((&l.cfg, l.tensors.weights(&l.cfg, &self.files)?))
+    }
+
+    /// Bytes of the loaded layers' weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.layers.iter().map(ModelLayer::weight_bytes).sum()
+    }
+
+    /// A zeroed cache for `sequences` sequences, covering every loaded layer.
+    pub fn new_cache(&self, sequences: usize) -> Result<ModelCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| Ok((l.index, SequenceCaches::try_new(&l.cfg, sequences)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ModelCache { sequences, layers })
+    }
+
+    /// Runs model layer `index` over packed sequences `x` `[T, hidden]`, continuing from (and
+    /// updating) that layer's part of `cache`. Returns `[T, hidden]`.
+    pub fn forward(
+        &self,
+        runner: &mut Runner,
+        index: usize,
+        x: &[f32],
+        cu_seqlens: &[usize],
+        cache: &mut ModelCache,
+        mode: Mode,
+    ) -> Result<Vec<f32>> {
+        let (cfg, w) = self.weights(index)?;
+        let caches = cache.layer_mut(index)?;
+        runner.forward_weights(cfg, &w, x, cu_seqlens, caches, InitialCaches::Given, mode)
+    }
+
+    /// One decode step of model layer `index` for every sequence of `cache`.
+    pub fn decode(
+        &self,
+        runner: &mut Runner,
+        index: usize,
+        x: &[f32],
+        cache: &mut ModelCache,
+    ) -> Result<Vec<f32>> {
+        let (cfg, w) = self.weights(index)?;
+        runner.decode_weights(cfg, &w, x, cache.layer_mut(index)?)
+    }
+}
+
+/// The conv and recurrent states of `N` sequences for every KDA layer of a model.
+///
+/// Create with [`Model::new_cache`]; clone to fork sequences (a prefix cache); reset to start
+/// over; save to and restore from a safetensors file with [`ModelCache::save`] and
+/// [`ModelCache::load`] (see [`crate::state_file`] for the format).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelCache {
+    /// Number of sequences.
+    pub sequences: usize,
+    /// `(model layer, caches)`, ascending by layer.
+    pub layers: Vec<(usize, SequenceCaches)>,
+}
+
+impl ModelCache {
+    /// Zeroes every layer's caches.
+    pub fn reset(&mut self) {
+        for (_, c) in &mut self.layers {
+            c.reset();
+        }
+    }
+
+    /// Zeroes sequence `n`'s caches in every layer (that sequence starts over; the others
+    /// keep theirs).
+    pub fn reset_sequence(&mut self, n: usize, model: &Model) -> Result<()> {
+        if n >= self.sequences {
+            return Err(HostError::Invalid(format!(
+                "sequence {n} is past the cache's {} sequences",
+                self.sequences
+            )));
+        }
+        for (i, c) in &mut self.layers {
+            let cfg = model.layer(*i)?.cfg;
+            c.as_mut().reset_sequence(&cfg, n);
+        }
+        Ok(())
+    }
+
+    /// The caches of model layer `index`.
+    pub fn layer(&self, index: usize) -> Result<&SequenceCaches> {
+        self.layers
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, c)| c)
+            .ok_or_else(|| HostError::Invalid(format!("the cache has no layer {index}")))
+    }
+
+    /// The caches of model layer `index`, mutable.
+    pub fn layer_mut(&mut self, index: usize) -> Result<&mut SequenceCaches> {
+        self.layers
+            .iter_mut()
+            .find(|(i, _)| *i == index)
+            .map(|(_, c)| c)
+            .ok_or_else(|| HostError::Invalid(format!("the cache has no layer {index}")))
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|(_, c)| c.bytes()).sum()
+    }
+}

@@ -1,0 +1,231 @@
+//! State files: the caches of `N` sequences as safetensors, for one layer (`kda forward
+//! --state-in/--state-out`) or for every layer of a model ([`ModelCache`]).
+//!
+//! One layer's state:
+//!
+//! | tensor | dtype | shape | layout |
+//! |---|---|---|---|
+//! | `recurrent_state` | F32 | `[N, H, K, V]` | K-first |
+//! | `conv_state_q`, `conv_state_k`, `conv_state_v` | F32 | `[N, H·K, W−1]` | channel-major, oldest first, zeros where the history is shorter |
+//!
+//! A model cache holds the same tensors per KDA layer under `layers.{i}.` (0-based model
+//! layer), with `__metadata__` `format = kda-model-cache`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kda_core::KdaConfig;
+
+use crate::cache::SequenceCaches;
+use crate::checkpoint::safetensors::{serialize, Buffer, OutTensor, SafetensorsFile};
+use crate::error::{HostError, Result};
+use crate::model::{Model, ModelCache};
+
+/// Name of the recurrent state.
+pub const RECURRENT_STATE: &str = "recurrent_state";
+/// Names of the q, k, v conv states.
+pub const CONV_STATES: [&str; 3] = ["conv_state_q", "conv_state_k", "conv_state_v"];
+/// `__metadata__` `format` of a model cache file.
+pub const MODEL_CACHE_FORMAT: &str = "kda-model-cache";
+
+fn shapes(cfg: &KdaConfig, n: usize) -> (Vec<usize>, Vec<usize>) {
+    (
+        vec![n, cfg.heads, cfg.head_dim, cfg.head_dim],
+        vec![n, cfg.proj_dim(), cfg.conv_width.saturating_sub(1)],
+    )
+}
+
+/// The tensors of one layer's state, names prefixed with `prefix`.
+pub fn state_tensors(prefix: &str, cfg: &KdaConfig, c: &SequenceCaches) -> Vec<OutTensor> {
+    let (rs, cs) = shapes(cfg, c.sequences);
+    vec![
+        OutTensor::f32(format!("{prefix}{RECURRENT_STATE}"), rs, &c.recurrent),
+        OutTensor::f32(format!("{prefix}{}", CONV_STATES[0]), cs.clone(), &c.conv_q),
+        OutTensor::f32(format!("{prefix}{}", CONV_STATES[1]), cs.clone(), &c.conv_k),
+        OutTensor::f32(format!("{prefix}{}", CONV_STATES[2]), cs, &c.conv_v),
+    ]
+}
+
+/// The bytes of a one-layer state file.
+pub fn state_bytes(cfg: &KdaConfig, c: &SequenceCaches) -> Result<Vec<u8>> {
+    serialize(&state_tensors("", cfg, c), &BTreeMap::new(), "state")
+}
+
+/// Writes a one-layer state file.
+pub fn write_state(path: &Path, cfg: &KdaConfig, c: &SequenceCaches) -> Result<()> {
+    let bytes = serialize(
+        &state_tensors("", cfg, c),
+        &BTreeMap::new(),
+        &path.display().to_string(),
+    )?;
+    std::fs::write(path, bytes).map_err(|e| HostError::io(path, e))
+}
+
+/// Reads one layer's state (names prefixed with `prefix`) from `f`. `sequences`: the `N` the
+/// caller needs (from `cu_seqlens`), or `None` to take it from the file.
+pub fn read_layer_state(
+    f: &SafetensorsFile,
+    prefix: &str,
+    cfg: &KdaConfig,
+    sequences: Option<usize>,
+) -> Result<SequenceCaches> {
+    let rname = format!("{prefix}{RECURRENT_STATE}");
+    let re = f.entry(&rname)?;
+    let n = match (re.shape.first(), sequences) {
+        (Some(&got), Some(want)) if re.shape.len() == 4 && got != want => {
+            return Err(HostError::tensor(
+                &f.name,
+                &rname,
+                format!(
+                    "holds {got} sequences (shape {:?}), but the input has {want} (from `cu_seqlens`)",
+                    re.shape
+                ),
+            ))
+        }
+        (Some(&got), _) => got,
+        (None, _) => {
+            return Err(HostError::tensor(
+                &f.name,
+                &rname,
+                "is a scalar, expected [N, H, K, V]",
+            ))
+        }
+    };
+    let (rs, cs) = shapes(cfg, n);
+    let mut c = SequenceCaches::try_new(cfg, 0)?;
+    c.sequences = n;
+    c.recurrent = f.f32_tensor(&rname, Some(&rs), true)?;
+    let mut conv = Vec::with_capacity(3);
+    for name in CONV_STATES {
+        let full = format!("{prefix}{name}");
+        let e = f.entry(&full)?;
+        if e.shape.first() != Some(&n) && e.shape.len() == 3 {
+            return Err(HostError::tensor(
+                &f.name,
+                &full,
+                format!(
+                    "holds {} sequences (shape {:?}), but `{rname}` holds {n}",
+                    e.shape[0], e.shape
+                ),
+            ));
+        }
+        conv.push(f.f32_tensor(&full, Some(&cs), true)?);
+    }
+    c.conv_v = conv.pop().unwrap_or_default();
+    c.conv_k = conv.pop().unwrap_or_default();
+    c.conv_q = conv.pop().unwrap_or_default();
+    Ok(c)
+}
+
+/// Parses a one-layer state file's bytes for `cfg`; `file` names it in errors.
+pub fn parse_state(
+    bytes: &[u8],
+    file: &str,
+    cfg: &KdaConfig,
+    sequences: Option<usize>,
+) -> Result<SequenceCaches> {
+    let f = SafetensorsFile::parse(file, Buffer::Owned(bytes.to_vec()))?;
+    read_layer_state(&f, "", cfg, sequences)
+}
+
+/// Reads a one-layer state file.
+pub fn read_state(
+    path: &Path,
+    cfg: &KdaConfig,
+    sequences: Option<usize>,
+) -> Result<SequenceCaches> {
+    read_layer_state(&SafetensorsFile::read(path)?, "", cfg, sequences)
+}
+
+fn layer_prefix(layer: usize) -> String {
+    format!("layers.{layer}.")
+}
+
+impl ModelCache {
+    /// The bytes of a model cache file.
+    pub fn to_bytes(&self, model: &Model) -> Result<Vec<u8>> {
+        let mut t = Vec::new();
+        for (i, c) in &self.layers {
+            let cfg = &model.layer(*i)?.cfg;
+            t.extend(state_tensors(&layer_prefix(*i), cfg, c));
+        }
+        let meta = BTreeMap::from([
+            ("format".to_string(), MODEL_CACHE_FORMAT.to_string()),
+            ("sequences".to_string(), self.sequences.to_string()),
+        ]);
+        serialize(&t, &meta, "model cache")
+    }
+
+    /// Saves to `path`.
+    pub fn save(&self, path: &Path, model: &Model) -> Result<()> {
+        let bytes = self.to_bytes(model)?;
+        std::fs::write(path, bytes).map_err(|e| HostError::io(path, e))
+    }
+
+    /// Parses a model cache file's bytes for `model` (it must hold every loaded layer, all with
+    /// the same `N`); `file` names it in errors.
+    pub fn from_bytes(bytes: &[u8], file: &str, model: &Model) -> Result<Self> {
+        Self::from_file(
+            &SafetensorsFile::parse(file, Buffer::Owned(bytes.to_vec()))?,
+            model,
+        )
+    }
+
+    /// Restores from `path`.
+    pub fn load(path: &Path, model: &Model) -> Result<Self> {
+        Self::from_file(&SafetensorsFile::read(path)?, model)
+    }
+
+    fn from_file(f: &SafetensorsFile, model: &Model) -> Result<Self> {
+        if f.header.metadata.get("format").map(String::as_str) != Some(MODEL_CACHE_FORMAT) {
+            return Err(HostError::file(
+                &f.name,
+                format!("not a model cache (metadata `format` is not `{MODEL_CACHE_FORMAT}`)"),
+            ));
+        }
+        let mut sequences = None;
+        let mut layers = Vec::new();
+        for l in model.layers() {
+            let c = read_layer_state(f, &layer_prefix(l.index), &l.cfg, sequences)?;
+            sequences = Some(c.sequences);
+            layers.push((l.index, c));
+        }
+        Ok(ModelCache {
+            sequences: sequences.unwrap_or(0),
+            layers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_mismatch() {
+        let cfg = KdaConfig::kimi_k3(8, 2, 4);
+        let mut c = SequenceCaches::new(&cfg, 2).unwrap();
+        for (i, v) in c.recurrent.iter_mut().enumerate() {
+            *v = i as f32;
+        }
+        c.conv_k[3] = 7.0;
+        let b = state_bytes(&cfg, &c).unwrap();
+        assert_eq!(parse_state(&b, "s", &cfg, Some(2)).unwrap(), c);
+        assert_eq!(parse_state(&b, "s", &cfg, None).unwrap(), c);
+        let e = parse_state(&b, "s.st", &cfg, Some(3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("s.st") && e.contains("recurrent_state") && e.contains("2 sequences"),
+            "{e}"
+        );
+        let other = KdaConfig::kimi_k3(8, 2, 2);
+        let e = parse_state(&b, "s.st", &other, Some(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("recurrent_state") && e.contains("expected [2, 2, 2, 2]"),
+            "{e}"
+        );
+    }
+}
