@@ -20,7 +20,7 @@ if [ ! -e "$LIB/libnvrtc.so.12" ]; then
     tmp="$DIR.partial.$$"
     rm -rf "$tmp"
     mkdir -p "$(dirname "$DIR")"
-    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
+    PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
         --target "$tmp" "nvidia-cuda-nvrtc-cu12==$NVRTC_VERSION"
     rm -rf "$DIR"
     mv "$tmp" "$DIR"

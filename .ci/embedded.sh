@@ -42,6 +42,9 @@ step "kda-core with defmt, thumbv7em-none-eabihf"
 cargo build -p kda-core --target thumbv7em-none-eabihf --features defmt
 
 cd "$ROOT/embedded"
+step "fmt (embedded crates only: -p, so the path dependency kda-core is not touched)"
+cargo fmt -p kda-embedded-model -p kda-embedded-firmware -p kda-embedded-gen -p kda-embedded-host -- --check
+
 step "flash weights == generator output for the seed"
 cargo run -q -p kda-embedded-gen -- --check
 
@@ -59,6 +62,9 @@ cargo build --release -p kda-embedded-firmware --target thumbv7em-none-eabihf
 for b in $BINS; do cp "target/thumbv7em-none-eabihf/release/$b" "$OUT/m4/"; done
 cargo build --release -p kda-embedded-firmware --target thumbv7em-none-eabihf --features micromath
 for b in kda-f32 kda-i8 kda-mathbench; do cp "target/thumbv7em-none-eabihf/release/$b" "$OUT/m4-micromath/"; done
+
+step "firmware with defmt logging (kda-core/defmt + defmt-semihosting; build and link only)"
+cargo build --release -p kda-embedded-firmware --target thumbv7em-none-eabihf --features defmt
 
 step "QEMU runs"
 run() { # machine cpu elf log

@@ -9,5 +9,8 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     if std::env::var("TARGET").is_ok_and(|t| t.starts_with("thumb")) {
         println!("cargo:rustc-link-arg-bins=-Tlink.x");
+        if std::env::var_os("CARGO_FEATURE_DEFMT").is_some() {
+            println!("cargo:rustc-link-arg-bins=-Tdefmt.x");
+        }
     }
 }

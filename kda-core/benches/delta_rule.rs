@@ -26,7 +26,9 @@ struct Inputs {
 fn inputs(t: usize) -> Inputs {
     let mut s = 12345u64;
     let mut r = move || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     };
     let mut unit = |n: usize| {
@@ -40,14 +42,18 @@ fn inputs(t: usize) -> Inputs {
     let (q, k) = (unit(t * K), unit(t * K));
     let mut s2 = 99u64;
     let mut r2 = move || {
-        s2 = s2.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s2 = s2
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (s2 >> 40) as f32 / (1u64 << 24) as f32
     };
     Inputs {
         q,
         k,
         v: (0..t * K).map(|_| r2() - 0.5).collect(),
-        g: (0..t * K).map(|_| -5.0 / (1.0 + (-(r2() * 8.0 - 6.0)).exp())).collect(),
+        g: (0..t * K)
+            .map(|_| -5.0 / (1.0 + (-(r2() * 8.0 - 6.0)).exp()))
+            .collect(),
         beta: (0..t).map(|_| r2()).collect(),
     }
 }
@@ -119,7 +125,9 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Elements((4 * K * K * t) as u64));
         g.sample_size(10);
         let mut scr = vec![0.0; recurrent_scratch_len(K, K)];
-        g.bench_function("recurrent", |b| b.iter(|| run_recurrent(isa, &x, &mut v, &mut s, &mut scr)));
+        g.bench_function("recurrent", |b| {
+            b.iter(|| run_recurrent(isa, &x, &mut v, &mut s, &mut scr))
+        });
         for chunk in [16usize, 32, 64] {
             let mut scr = vec![0.0; chunked_scratch_len(chunk, K, K)];
             g.bench_function(format!("chunked_C{chunk}"), |b| {
@@ -144,10 +152,15 @@ fn summary(isa: Isa) {
         best
     };
     let iters = 2_000_000;
-    let peak = fma_peak(iters).0 as f64 / time(&mut || {
-        black_box(fma_peak(iters));
-    });
-    println!("\nsummary ({isa:?}): single-core f32 FMA peak {:.1} GFMA/s ({:.1} GFLOP/s)", peak / 1e9, 2.0 * peak / 1e9);
+    let peak = fma_peak(iters).0 as f64
+        / time(&mut || {
+            black_box(fma_peak(iters));
+        });
+    println!(
+        "\nsummary ({isa:?}): single-core f32 FMA peak {:.1} GFMA/s ({:.1} GFLOP/s)",
+        peak / 1e9,
+        2.0 * peak / 1e9
+    );
     for &t in &[4usize, 8, 16, 32, 64, 256, 1024, 4096] {
         let x = inputs(t);
         let work = (4 * K * K * t) as f64;
@@ -155,7 +168,11 @@ fn summary(isa: Isa) {
         let mut s = vec![0.0; K * K];
         let mut scr = vec![0.0; recurrent_scratch_len(K, K)];
         let tr = time(&mut || run_recurrent(isa, &x, &mut v, &mut s, &mut scr));
-        print!("T={t:5}: recurrent {:6.2} µs/token ({:4.1}% of peak)", 1e6 * tr / t as f64, 100.0 * work / tr / peak);
+        print!(
+            "T={t:5}: recurrent {:6.2} µs/token ({:4.1}% of peak)",
+            1e6 * tr / t as f64,
+            100.0 * work / tr / peak
+        );
         for chunk in [16usize, 32, 64] {
             let mut scr = vec![0.0; chunked_scratch_len(chunk, K, K)];
             let tc = time(&mut || run_chunked(isa, chunk, &x, &mut v, &mut s, &mut scr));

@@ -20,17 +20,28 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) {
         let mut scratch = vec![0.0f32; PROJECT_SCRATCH];
         // Tiles of 16 rows, as the layer hands them to its workers.
         for o0 in (0..N_OUT).step_by(16) {
-            assert!(project_tile(isa, &row, BLOCK, w, o0, o0 + 16, &mut scratch, &mut |t, o, v| {
-                blk[t * N_OUT + o] = v
-            }));
+            assert!(project_tile(
+                isa,
+                &row,
+                BLOCK,
+                w,
+                o0,
+                o0 + 16,
+                &mut scratch,
+                &mut |t, o, v| { blk[t * N_OUT + o] = v }
+            ));
         }
     }
 }
 
 fn bench(c: &mut Criterion) {
     let isa = Isa::detect();
-    let x: Vec<f32> = (0..M * N_IN).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
-    let wf: Vec<f32> = (0..N_OUT * N_IN).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
+    let x: Vec<f32> = (0..M * N_IN)
+        .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
+        .collect();
+    let wf: Vec<f32> = (0..N_OUT * N_IN)
+        .map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5)
+        .collect();
     let wb: Vec<bf16> = wf.iter().map(|&v| bf16::from_f32(v)).collect();
     let mut out = vec![0.0f32; M * N_OUT];
     let mut g = c.benchmark_group("projection_1024x2304x4096");

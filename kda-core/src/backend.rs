@@ -121,6 +121,15 @@ impl<E: Executor> KdaBackend for Cpu<E> {
         out: &mut [f32],
         workspace: &mut [f32],
     ) -> Result<(), KdaError> {
-        layer::decode_step_with(cfg, weights, x, caches, out, workspace, self.opts.isa, &self.exec)
+        layer::decode_step_with(
+            cfg,
+            weights,
+            x,
+            caches,
+            out,
+            workspace,
+            self.opts.isa,
+            &self.exec,
+        )
     }
 }

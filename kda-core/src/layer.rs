@@ -223,7 +223,9 @@ pub fn forward(
     workspace: &mut [f32],
 ) -> Result<(), KdaError> {
     let opts = ForwardOptions::default();
-    forward_with(cfg, w, x, cu_seqlens, caches, init, out, workspace, &opts, &Serial)
+    forward_with(
+        cfg, w, x, cu_seqlens, caches, init, out, workspace, &opts, &Serial,
+    )
 }
 
 /// Runs the layer over `T` tokens of `N` packed sequences.
@@ -257,7 +259,11 @@ pub fn forward_with(
     check_len("out", out.len(), x.len())?;
     let n = validate_offsets(cu_seqlens, t_len)?;
     caches.validate(cfg, n)?;
-    let longest = cu_seqlens.windows(2).map(|p| p[1] - p[0]).max().unwrap_or(0);
+    let longest = cu_seqlens
+        .windows(2)
+        .map(|p| p[1] - p[0])
+        .max()
+        .unwrap_or(0);
     let chunk = opts.chunks(longest).then_some(opts.chunk_size);
     let block = block_tokens(cfg, workspace.len(), t_len, chunk, exec.workers())?;
     if init == InitialCaches::Zero {
@@ -272,7 +278,16 @@ pub fn forward_with(
         block,
         workers: exec.workers().max(1),
     };
-    run(&plan, x, n, &|i| cu_seqlens[i], caches, out, workspace, exec)
+    run(
+        &plan,
+        x,
+        n,
+        &|i| cu_seqlens[i],
+        caches,
+        out,
+        workspace,
+        exec,
+    )
 }
 
 /// One decode step (recurrent) on the calling thread. See [`decode_step_with`].
@@ -461,7 +476,15 @@ fn run_projs(
             let n = tiles(p);
             if t < n {
                 let o0 = t * TILE;
-                proj_tile(plan, p, bt, o0, (o0 + TILE).min(p.w.rows()), scratch, failed);
+                proj_tile(
+                    plan,
+                    p,
+                    bt,
+                    o0,
+                    (o0 + TILE).min(p.w.rows()),
+                    scratch,
+                    failed,
+                );
                 return;
             }
             t -= n;
@@ -567,16 +590,19 @@ fn run<'w>(
                 GateWeights::FullRank(m) => {
                     proj(m, &gate, Layout::TokenMajor { ld: d, off: 0 }, Post::None)
                 }
-                GateWeights::LowRank { down, .. } => {
-                    proj(down, &low_sh, low_l(rf), Post::None)
-                }
+                GateWeights::LowRank { down, .. } => proj(down, &low_sh, low_l(rf), Post::None),
             };
             let projs = [
                 proj(plan.w.q_proj, &q, hm, Post::None),
                 proj(plan.w.k_proj, &kk, hm, Post::None),
                 proj(plan.w.v_proj, &v, hm, Post::None),
                 decay,
-                proj(plan.w.b_proj, &beta, Layout::Transposed { bt }, Post::Sigmoid),
+                proj(
+                    plan.w.b_proj,
+                    &beta,
+                    Layout::Transposed { bt },
+                    Post::Sigmoid,
+                ),
                 ogate,
             ];
             run_projs(plan, &projs, bt, &workers, wk_len, exec, &failed);
@@ -602,7 +628,13 @@ fn run<'w>(
                 projs[0] = Some(up(u, 0, &g, Layout::HeadMajor { k, bt }, Post::Decay));
             }
             if let GateWeights::LowRank { up: u, .. } = plan.w.output_gate {
-                projs[1] = Some(up(u, rf, &gate, Layout::TokenMajor { ld: d, off: 0 }, Post::None));
+                projs[1] = Some(up(
+                    u,
+                    rf,
+                    &gate,
+                    Layout::TokenMajor { ld: d, off: 0 },
+                    Post::None,
+                ));
             }
             match projs {
                 [Some(a), Some(b)] => run_projs(plan, &[a, b], bt, &workers, wk_len, exec, &failed),
@@ -630,8 +662,27 @@ fn run<'w>(
             let len = b - a;
             let phase = (t0 + a - bound(s)) % plan.opts.chunk_size;
             let ok = seq_head_task(
-                plan, &q, &kk, &v, &g, &beta, &gate, &states, &conv_states, &workers, s, head,
-                a, len, bt, worker, wk_len, sl, cl, chunk_of(s), phase,
+                plan,
+                &q,
+                &kk,
+                &v,
+                &g,
+                &beta,
+                &gate,
+                &states,
+                &conv_states,
+                &workers,
+                s,
+                head,
+                a,
+                len,
+                bt,
+                worker,
+                wk_len,
+                sl,
+                cl,
+                chunk_of(s),
+                phase,
             );
             if !ok {
                 failed.set();
@@ -643,13 +694,21 @@ fn run<'w>(
             // SAFETY: round 2 has finished; the gate rows are only read from here on.
             let normed: &[f32] = match unsafe { gate.slice(0, bt * d) } {
                 Some(s) => s,
-                None => return Err(KdaError::Internal { what: "normed rows" }),
+                None => {
+                    return Err(KdaError::Internal {
+                        what: "normed rows",
+                    })
+                }
             };
             // SAFETY: this block's output rows are disjoint from every other block's, and
             // within the round each tile writes its own output columns.
             let out_rows = Shared::new(match unsafe { out_sh.slice(t0 * hd, bt * hd) } {
                 Some(s) => s,
-                None => return Err(KdaError::Internal { what: "output rows" }),
+                None => {
+                    return Err(KdaError::Internal {
+                        what: "output rows",
+                    })
+                }
             });
             let p = Proj {
                 w: plan.w.o_proj,
@@ -718,8 +777,18 @@ fn seq_head_task<'w>(
             workers.slice(worker * wk_len, wk_len),
         )
     };
-    let (Some(qh), Some(kh), Some(vh), Some(gh), Some(bh), Some(st), Some(cq), Some(ck), Some(cv), Some(scr)) =
-        parts
+    let (
+        Some(qh),
+        Some(kh),
+        Some(vh),
+        Some(gh),
+        Some(bh),
+        Some(st),
+        Some(cq),
+        Some(ck),
+        Some(cv),
+        Some(scr),
+    ) = parts
     else {
         return false;
     };

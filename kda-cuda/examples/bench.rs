@@ -20,8 +20,8 @@ use kda_core::{
     Mode,
 };
 use kda_cuda::{
-    CudaBackend, CudaError, CudaOptions, DeviceCaches, DeviceRows, DeviceWeights,
-    DeviceWorkspace, Dtype, WeightFormat,
+    CudaBackend, CudaError, CudaOptions, DeviceCaches, DeviceRows, DeviceWeights, DeviceWorkspace,
+    Dtype, WeightFormat,
 };
 
 struct Rng(u64);
@@ -35,7 +35,9 @@ impl Rng {
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn bf16s(&mut self, n: usize, scale: f32) -> Vec<bf16> {
-        (0..n).map(|_| bf16::from_f32(self.next() * scale)).collect()
+        (0..n)
+            .map(|_| bf16::from_f32(self.next() * scale))
+            .collect()
     }
     fn f32s(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.next() * scale).collect()
@@ -50,26 +52,32 @@ struct Owned {
 
 fn random_weights(cfg: &KdaConfig) -> Owned {
     let mut r = Rng(1);
-    let (hd, d, h, k, w) = (cfg.hidden, cfg.proj_dim(), cfg.heads, cfg.head_dim, cfg.conv_width);
+    let (hd, d, h, k, w) = (
+        cfg.hidden,
+        cfg.proj_dim(),
+        cfg.heads,
+        cfg.head_dim,
+        cfg.conv_width,
+    );
     let rank = cfg.decay_proj.rank();
     let s = 1.0 / (hd as f32).sqrt();
     let mats = vec![
-        r.bf16s(d * hd, s),                              // q
-        r.bf16s(d * hd, s),                              // k
-        r.bf16s(d * hd, s),                              // v
-        r.bf16s(rank * hd, s),                           // f_a
-        r.bf16s(d * rank, 1.0 / (rank as f32).sqrt()),   // f_b
-        r.bf16s(h * hd, s),                              // b
-        r.bf16s(d * hd, s),                              // g (full rank)
-        r.bf16s(hd * d, 1.0 / (d as f32).sqrt()),        // o_proj
+        r.bf16s(d * hd, s),                            // q
+        r.bf16s(d * hd, s),                            // k
+        r.bf16s(d * hd, s),                            // v
+        r.bf16s(rank * hd, s),                         // f_a
+        r.bf16s(d * rank, 1.0 / (rank as f32).sqrt()), // f_b
+        r.bf16s(h * hd, s),                            // b
+        r.bf16s(d * hd, s),                            // g (full rank)
+        r.bf16s(hd * d, 1.0 / (d as f32).sqrt()),      // o_proj
     ];
     let small = vec![
-        r.f32s(d * w, 0.7),                                  // q conv
-        r.f32s(d * w, 0.7),                                  // k conv
-        r.f32s(d * w, 0.7),                                  // v conv
-        r.f32s(h, 0.5),                                      // A_log
-        r.f32s(d, 0.5),                                      // dt_bias
-        (0..k).map(|_| 1.0 + 0.1 * r.next()).collect(),      // o_norm
+        r.f32s(d * w, 0.7),                             // q conv
+        r.f32s(d * w, 0.7),                             // k conv
+        r.f32s(d * w, 0.7),                             // v conv
+        r.f32s(h, 0.5),                                 // A_log
+        r.f32s(d, 0.5),                                 // dt_bias
+        (0..k).map(|_| 1.0 + 0.1 * r.next()).collect(), // o_norm
     ];
     Owned { mats, small }
 }
@@ -77,7 +85,9 @@ fn random_weights(cfg: &KdaConfig) -> Owned {
 fn view<'a>(cfg: &KdaConfig, o: &'a Owned) -> KdaWeights<'a> {
     let (hd, d, h) = (cfg.hidden, cfg.proj_dim(), cfg.heads);
     let rank = cfg.decay_proj.rank();
-    let m = |i: usize, r: usize, c: usize| MatRef::new("w", Data::Bf16(&o.mats[i]), r, c).expect("shape");
+    let m = |i: usize, r: usize, c: usize| {
+        MatRef::new("w", Data::Bf16(&o.mats[i]), r, c).expect("shape")
+    };
     KdaWeights {
         q_proj: m(0, d, hd),
         k_proj: m(1, d, hd),
@@ -111,14 +121,17 @@ struct Row {
     ms: f64,
 }
 
-fn time<F: FnMut() -> Result<(), CudaError>>(be: &CudaBackend, iters: usize, mut f: F) -> Result<f64, CudaError> {
+fn time<F>(be: &mut CudaBackend, iters: usize, mut f: F) -> Result<f64, CudaError>
+where
+    F: FnMut(&mut CudaBackend) -> Result<(), CudaError>,
+{
     for _ in 0..2 {
-        f()?;
+        f(be)?;
     }
     be.synchronize()?;
     let t0 = Instant::now();
     for _ in 0..iters {
-        f()?;
+        f(be)?;
     }
     be.synchronize()?;
     Ok(t0.elapsed().as_secs_f64() * 1e3 / iters as f64)
@@ -152,8 +165,17 @@ fn prefill(
     } else {
         be.chunk_size(&c)?.to_string()
     };
-    let ms = time(be, iters, || {
-        be.forward(&c, &w, &xd, cu, &mut caches, InitialCaches::Zero, &mut od, &mut ws)
+    let ms = time(be, iters, |be| {
+        be.forward(
+            &c,
+            &w,
+            &xd,
+            cu,
+            &mut caches,
+            InitialCaches::Zero,
+            &mut od,
+            &mut ws,
+        )
     })?;
     rows.push(Row {
         case: label.to_string(),
@@ -164,7 +186,12 @@ fn prefill(
     Ok(())
 }
 
-fn decode(be: &mut CudaBackend, rows: &mut Vec<Row>, batch: usize, iters: usize) -> Result<(), CudaError> {
+fn decode(
+    be: &mut CudaBackend,
+    rows: &mut Vec<Row>,
+    batch: usize,
+    iters: usize,
+) -> Result<(), CudaError> {
     let hidden = 2304;
     let c = cfg(hidden);
     let owned = random_weights(&c);
@@ -174,7 +201,9 @@ fn decode(be: &mut CudaBackend, rows: &mut Vec<Row>, batch: usize, iters: usize)
     let mut od = DeviceRows::zeros(be, Dtype::Bf16, x.len())?;
     let mut caches = DeviceCaches::zeros(be, &c, batch)?;
     let mut ws = DeviceWorkspace::new(be, be.decode_workspace_len(&c, batch)?)?;
-    let ms = time(be, iters, || be.decode_step(&c, &w, &xd, &mut caches, &mut od, &mut ws))?;
+    let ms = time(be, iters, |be| {
+        be.decode_step(&c, &w, &xd, &mut caches, &mut od, &mut ws)
+    })?;
     rows.push(Row {
         case: format!("decode batch {batch}, hidden {hidden}"),
         mode: "fused step".into(),
@@ -213,17 +242,72 @@ fn main() {
     };
     let iters = if quick { 2 } else { 5 };
     let mut rows = Vec::new();
-    let mut run = |r: Result<(), CudaError>, what: &str| {
+    let run = |r: Result<(), CudaError>, what: &str| {
         if let Err(e) = r {
             println!("{what}: FAILED: {e}");
         }
     };
-    run(prefill(&mut be, &mut rows, 2304, "prefill T=8192 H=96 K=128 layer", &[0, t], Mode::Chunked, iters), "prefill");
-    run(prefill(&mut be, &mut rows, 128, "prefill T=8192 H=96 K=128 core", &[0, t], Mode::Chunked, iters), "prefill core");
-    run(prefill(&mut be, &mut rows, 2304, "prefill packed 8 seqs (1..4520) layer", &packed, Mode::Chunked, iters), "packed");
-    run(prefill(&mut be, &mut rows, 128, "prefill packed 8 seqs (1..4520) core", &packed, Mode::Chunked, iters), "packed core");
+    run(
+        prefill(
+            &mut be,
+            &mut rows,
+            2304,
+            "prefill T=8192 H=96 K=128 layer",
+            &[0, t],
+            Mode::Chunked,
+            iters,
+        ),
+        "prefill",
+    );
+    run(
+        prefill(
+            &mut be,
+            &mut rows,
+            128,
+            "prefill T=8192 H=96 K=128 core",
+            &[0, t],
+            Mode::Chunked,
+            iters,
+        ),
+        "prefill core",
+    );
+    run(
+        prefill(
+            &mut be,
+            &mut rows,
+            2304,
+            "prefill packed 8 seqs (1..4520) layer",
+            &packed,
+            Mode::Chunked,
+            iters,
+        ),
+        "packed",
+    );
+    run(
+        prefill(
+            &mut be,
+            &mut rows,
+            128,
+            "prefill packed 8 seqs (1..4520) core",
+            &packed,
+            Mode::Chunked,
+            iters,
+        ),
+        "packed core",
+    );
     if !quick {
-        run(prefill(&mut be, &mut rows, 128, "prefill T=8192 H=96 K=128 core", &[0, t], Mode::Recurrent, 1), "recurrent");
+        run(
+            prefill(
+                &mut be,
+                &mut rows,
+                128,
+                "prefill T=8192 H=96 K=128 core",
+                &[0, t],
+                Mode::Recurrent,
+                1,
+            ),
+            "recurrent",
+        );
     }
     let steps = if quick { 20 } else { 200 };
     run(decode(&mut be, &mut rows, 1, steps), "decode 1");

@@ -11,9 +11,27 @@
 //! ```
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
-use kda_cuda::{kernels, nvrtc};
+use kda_cuda::{kernels, nvrtc, CudaError};
+
+/// One NVRTC program: a file with what it needs, or the whole module.
+struct Program {
+    name: String,
+    source: String,
+    kernels: Vec<&'static str>,
+}
+
+/// One compile to run.
+struct Job<'a> {
+    arch: &'a str,
+    program: &'a Program,
+}
+
+/// A finished compile and its wall time.
+type Outcome = Option<(Result<nvrtc::Compiled, CudaError>, f64)>;
 
 /// Kernels allowed to spill registers a little (the decode kernel keeps a 128-float state
 /// column in registers next to the conv and norm work; a few bytes of spill are tolerated).
@@ -39,41 +57,54 @@ fn main() -> ExitCode {
         "{:<14} {:<8} {:>10} {:>10} {:>8}  kernels",
         "program", "arch", "PTX bytes", "CUBIN", "seconds"
     );
-    let mut programs: Vec<(String, String, Vec<&str>)> = kernels::FILES
+    let mut programs: Vec<Program> = kernels::FILES
         .iter()
         .filter(|f| !f.kernels.is_empty())
-        .map(|f| {
-            (
-                f.name.to_string(),
-                kernels::file_program(f.name).unwrap_or_default(),
-                f.kernels.to_vec(),
-            )
+        .map(|f| Program {
+            name: f.name.to_string(),
+            source: kernels::file_program(f.name).unwrap_or_default(),
+            kernels: f.kernels.to_vec(),
         })
         .collect();
-    programs.push((
-        "(module)".into(),
-        kernels::module_source(),
-        kernels::all_kernels().collect(),
-    ));
+    programs.push(Program {
+        name: "(module)".into(),
+        source: kernels::module_source(),
+        kernels: kernels::all_kernels().collect(),
+    });
     // Every (arch, program) compile is independent: run them on all cores, report in order.
-    let jobs: Vec<(&String, &(String, String, Vec<&str>))> =
-        archs.iter().flat_map(|a| programs.iter().map(move |p| (a, p))).collect();
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<(Result<nvrtc::Compiled, kda_cuda::CudaError>, f64)>>> =
-        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let jobs: Vec<Job<'_>> = archs
+        .iter()
+        .flat_map(|a| {
+            programs.iter().map(move |p| Job {
+                arch: a,
+                program: p,
+            })
+        })
+        .collect();
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len());
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Outcome>> = jobs.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((arch, (name, src, _))) = jobs.get(i) else { break };
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
                 let t0 = Instant::now();
-                let r = nvrtc::compile(src, name, arch, &["--ptxas-options=--verbose"]);
-                *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some((r, t0.elapsed().as_secs_f64()));
+                let r = nvrtc::compile(
+                    &job.program.source,
+                    &job.program.name,
+                    job.arch,
+                    &["--ptxas-options=--verbose"],
+                );
+                *results[i].lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((r, t0.elapsed().as_secs_f64()));
             });
         }
     });
-    for ((arch, (name, _, expected)), slot) in jobs.iter().zip(results) {
+    for (job, slot) in jobs.iter().zip(results) {
+        let (arch, name, expected) = (job.arch, &job.program.name, &job.program.kernels);
         let Some((res, secs)) = slot.into_inner().unwrap_or_else(|p| p.into_inner()) else {
             println!("{name:<14} {arch:<8} NOT RUN");
             failures += 1;
@@ -86,8 +117,10 @@ fn main() -> ExitCode {
                 failures += 1;
             }
             Ok(c) => {
-                let missing: Vec<&&str> =
-                    expected.iter().filter(|k| !nvrtc::ptx_defines(&c.ptx, k)).collect();
+                let missing: Vec<&&str> = expected
+                    .iter()
+                    .filter(|k| !nvrtc::ptx_defines(&c.ptx, k))
+                    .collect();
                 println!(
                     "{name:<14} {arch:<8} {:>10} {:>10} {secs:>8.2}  {}",
                     c.ptx.len(),
@@ -98,9 +131,7 @@ fn main() -> ExitCode {
                     eprintln!("{name} for {arch}: PTX lacks kernels {missing:?}");
                     failures += 1;
                 }
-                let warnings: Vec<&str> =
-                    c.log.lines().filter(|l| l.contains("warning")).collect();
-                if !warnings.is_empty() {
+                if c.log.lines().any(|l| l.contains("warning")) {
                     eprintln!("{name} for {arch}: compiler warnings:\n{}", c.log);
                     failures += 1;
                 }

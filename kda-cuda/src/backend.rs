@@ -207,10 +207,10 @@ impl CudaBackend {
 
         let col = |c: usize| proj + 4 * c as u64;
         let up = |m: Option<&crate::weights::DeviceMat>,
-                      off: usize,
-                      width: usize,
-                      low_col: usize,
-                      dst: Region|
+                  off: usize,
+                  width: usize,
+                  low_col: usize,
+                  dst: Region|
          -> Result<Strided, CudaError> {
             let Some(m) = m else {
                 return Ok(Strided {
@@ -251,7 +251,13 @@ impl CudaBackend {
             })
         };
         let f = up(w.f_up.as_ref(), dims.f_off, dims.f_width, 0, lay.f_up)?;
-        let g = up(w.g_up.as_ref(), dims.g_off, dims.g_width, dims.rank_f, lay.g_up)?;
+        let g = up(
+            w.g_up.as_ref(),
+            dims.g_off,
+            dims.g_width,
+            dims.rank_f,
+            lay.g_up,
+        )?;
         Ok((f, g))
     }
 
@@ -373,7 +379,14 @@ impl CudaBackend {
         let kern = &self.dev.kernels;
         // SAFETY: proj [T, P], qkv [T, 3D] are workspace regions sized by the layout; the conv
         // states hold N·D·(W−1) and the weights 3D·W floats (checked); cu is [N+1].
-        unsafe { launch(&self.dev, &kern.conv_prefill, plan::conv_prefill(&dims, t)?, &conv) }?;
+        unsafe {
+            launch(
+                &self.dev,
+                &kern.conv_prefill,
+                plan::conv_prefill(&dims, t)?,
+                &conv,
+            )
+        }?;
         if dims.width > 1 {
             if let Some(l) = plan::elementwise(n * 3 * dims.d) {
                 // SAFETY: as above; runs after kda_conv_prefill on the same stream.
@@ -428,7 +441,12 @@ impl CudaBackend {
                 // SAFETY: every per-token buffer is a [T, ·] workspace region (aqk sized for
                 // C ≤ 64); chunks is the uploaded table; shared memory per plan::chunk_intra.
                 unsafe {
-                    launch(&self.dev, &kern.chunk_intra, plan::chunk_intra(&dims, table.len(), c)?, &intra)
+                    launch(
+                        &self.dev,
+                        &kern.chunk_intra,
+                        plan::chunk_intra(&dims, table.len(), c)?,
+                        &intra,
+                    )
                 }?;
                 let st = ChunkStateParams {
                     qg: at(lay.qg),
@@ -450,7 +468,14 @@ impl CudaBackend {
                     pad_: 0,
                 };
                 // SAFETY: as above; the state holds N·H·K·V floats (checked); o is [T, H·V].
-                unsafe { launch(&self.dev, &kern.chunk_state, plan::chunk_state(&dims, n, c)?, &st) }?;
+                unsafe {
+                    launch(
+                        &self.dev,
+                        &kern.chunk_state,
+                        plan::chunk_state(&dims, n, c)?,
+                        &st,
+                    )
+                }?;
             }
             _ => {
                 let rec = RecurrentParams {
@@ -492,7 +517,14 @@ impl CudaBackend {
         };
         // SAFETY: o and normed are [T, H·V] regions, the gate logits T rows at stride gate_ld,
         // the norm weight [V].
-        unsafe { launch(&self.dev, &kern.gated_norm, plan::gated_norm(&dims, t)?, &norm) }?;
+        unsafe {
+            launch(
+                &self.dev,
+                &kern.gated_norm,
+                plan::gated_norm(&dims, t)?,
+                &norm,
+            )
+        }?;
         self.project_out(w, t, &lay, ws, out)
     }
 
@@ -565,7 +597,14 @@ impl CudaBackend {
         };
         // SAFETY: proj [N, P] and normed [N, H·V] are workspace regions; f/gate logits N rows
         // at their strides; caches hold N sequences (checked); weights match cfg (checked).
-        unsafe { launch(&self.dev, &self.dev.kernels.decode, plan::decode(&dims, n)?, &p) }?;
+        unsafe {
+            launch(
+                &self.dev,
+                &self.dev.kernels.decode,
+                plan::decode(&dims, n)?,
+                &p,
+            )
+        }?;
         self.project_out(w, n, &lay, ws, out)
     }
 }

@@ -183,7 +183,11 @@ impl DeviceCaches {
     }
 
     /// A device copy of host caches (`N` is inferred from the recurrent slice and checked).
-    pub fn from_host(be: &CudaBackend, cfg: &KdaConfig, host: &CachesMut<'_>) -> Result<Self, CudaError> {
+    pub fn from_host(
+        be: &CudaBackend,
+        cfg: &KdaConfig,
+        host: &CachesMut<'_>,
+    ) -> Result<Self, CudaError> {
         cfg.validate()?;
         let n = host.recurrent.len() / cfg.state_len()?;
         host.validate(cfg, n)?;
@@ -346,7 +350,11 @@ impl DeviceWorkspace {
     }
 
     /// Copies `data` into the index buffer (growing it when needed); returns its address.
-    pub(crate) fn upload_index(&mut self, be: &CudaBackend, data: &[i32]) -> Result<u64, CudaError> {
+    pub(crate) fn upload_index(
+        &mut self,
+        be: &CudaBackend,
+        data: &[i32],
+    ) -> Result<u64, CudaError> {
         let s = &be.dev.stream;
         let need = alloc_len(data.len());
         if self.idx.as_ref().is_none_or(|b| b.len() < need) {

@@ -68,8 +68,9 @@ impl Device {
                 unsafe { ctx.disable_event_tracking() };
                 let stream = ctx.new_stream()?;
                 let blas = CudaBlas::new(Arc::clone(&stream))?;
-                let smem_optin = ctx
-                    .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+                let smem_optin = ctx.attribute(
+                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                )?;
                 let smem_optin = usize::try_from(smem_optin).unwrap_or(0);
                 let kernels = module_cache::kernels_for(&ctx, info.compute_capability, smem_optin)?;
                 // The stream keeps the context alive.

@@ -43,10 +43,17 @@ fn c(what: &str, v: usize) -> Result<c_int, CudaError> {
 /// combinations cuBLAS supports with `CUBLAS_COMPUTE_32F`).
 ///
 /// # Safety
-/// `x` must address `rows` rows of at least `w.cols` elements with stride `x.ld`, and `out`
-/// `rows` rows of at least `w.rows` elements with stride `out.ld`, all live device memory of
-/// the stream `blas` is bound to, `out` not overlapping `x` or `w`.
-pub(crate) unsafe fn linear(blas: &CudaBlas, rows: usize, x: Act, w: Mat, out: Act) -> Result<(), CudaError> {
+/// `w` must address a live `[w.rows, w.cols]` matrix, `x` `rows` rows of at least `w.cols`
+/// elements with stride `x.ld`, and `out` `rows` rows of at least `w.rows` elements with stride
+/// `out.ld`, all device memory of the context whose stream `blas` is bound to, `out` not
+/// overlapping `x` or `w`.
+pub(crate) unsafe fn linear(
+    blas: &CudaBlas,
+    rows: usize,
+    x: Act,
+    w: Mat,
+    out: Act,
+) -> Result<(), CudaError> {
     if rows == 0 || w.rows == 0 {
         return Ok(());
     }
@@ -54,19 +61,21 @@ pub(crate) unsafe fn linear(blas: &CudaBlas, rows: usize, x: Act, w: Mat, out: A
     if !ok || x.ld < w.cols || out.ld < w.rows {
         return Err(CudaError::Invalid(format!(
             "GEMM operands: x {:?} ld {}, weights {:?} [{}, {}], out {:?} ld {}",
-            x.dtype,
-            x.ld,
-            w.dtype,
-            w.rows,
-            w.cols,
-            out.dtype,
-            out.ld
+            x.dtype, x.ld, w.dtype, w.rows, w.cols, out.dtype, out.ld
         )));
     }
     // Column-major view: C[n_out, rows] = op(A)·B with A = W (stored [cols, n_out] col-major,
     // transposed by CUBLAS_OP_T) and B = xᵀ ([cols, rows] col-major, ld = x.ld).
-    let (m, n, k) = (c("GEMM m", w.rows)?, c("GEMM n", rows)?, c("GEMM k", w.cols)?);
-    let (lda, ldb, ldc) = (c("GEMM lda", w.cols)?, c("GEMM ldb", x.ld)?, c("GEMM ldc", out.ld)?);
+    let (m, n, k) = (
+        c("GEMM m", w.rows)?,
+        c("GEMM n", rows)?,
+        c("GEMM k", w.cols)?,
+    );
+    let (lda, ldb, ldc) = (
+        c("GEMM lda", w.cols)?,
+        c("GEMM ldb", x.ld)?,
+        c("GEMM ldc", out.ld)?,
+    );
     let alpha = 1.0f32;
     let beta = 0.0f32;
     // SAFETY: the caller guarantees the operand extents (checked above against the strides);

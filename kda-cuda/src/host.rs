@@ -58,7 +58,16 @@ impl CudaBackend {
         init: InitialCaches,
         out: &mut [f32],
     ) -> Result<(), CudaError> {
-        self.forward_host_with(cfg, weights, x, cu_seqlens, caches, init, out, HostFormats::F32)
+        self.forward_host_with(
+            cfg,
+            weights,
+            x,
+            cu_seqlens,
+            caches,
+            init,
+            out,
+            HostFormats::F32,
+        )
     }
 
     /// [`CudaBackend::forward_host`] with chosen device formats.

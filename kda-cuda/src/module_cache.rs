@@ -49,13 +49,18 @@ struct Binary {
     compiled: nvrtc::Compiled,
 }
 
-fn binaries() -> &'static Mutex<HashMap<(i32, i32), Arc<Binary>>> {
-    static CACHE: OnceLock<Mutex<HashMap<(i32, i32), Arc<Binary>>>> = OnceLock::new();
+/// Compiled binaries by compute capability.
+type BinaryCache = Mutex<HashMap<(i32, i32), Arc<Binary>>>;
+/// Loaded kernels by device ordinal.
+type ModuleCache = Mutex<HashMap<usize, Arc<Kernels>>>;
+
+fn binaries() -> &'static BinaryCache {
+    static CACHE: OnceLock<BinaryCache> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 
-fn modules() -> &'static Mutex<HashMap<usize, Arc<Kernels>>> {
-    static CACHE: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
+fn modules() -> &'static ModuleCache {
+    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 

@@ -251,9 +251,13 @@ mod tests {
                 };
                 if let Some(a) = args("KDA_FIELD(") {
                     let off: usize = a[2].parse().expect("offset literal");
-                    out.entry(a[0].clone()).or_default().1.insert(a[1].clone(), off);
+                    out.entry(a[0].clone())
+                        .or_default()
+                        .1
+                        .insert(a[1].clone(), off);
                 } else if let Some(a) = args("KDA_SIZE(") {
-                    out.entry(a[0].clone()).or_default().0 = Some(a[1].parse().expect("size literal"));
+                    out.entry(a[0].clone()).or_default().0 =
+                        Some(a[1].parse().expect("size literal"));
                 }
             }
         }
@@ -264,9 +268,16 @@ mod tests {
     fn layouts_match_the_cuda_sources() {
         let c = c_layouts();
         let rust = rust_layouts();
-        assert_eq!(c.len(), rust.len(), "C structs {:?}", c.keys().collect::<Vec<_>>());
+        assert_eq!(
+            c.len(),
+            rust.len(),
+            "C structs {:?}",
+            c.keys().collect::<Vec<_>>()
+        );
         for (name, size, fields) in rust {
-            let (c_size, c_fields) = c.get(name).unwrap_or_else(|| panic!("{name} missing in .cu"));
+            let (c_size, c_fields) = c
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} missing in .cu"));
             assert_eq!(*c_size, Some(size), "{name} size");
             assert_eq!(c_fields.len(), fields.len(), "{name} field count");
             for (f, off) in fields {

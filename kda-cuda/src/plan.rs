@@ -111,8 +111,16 @@ impl LayerDims {
         let d = mul("heads * head_dim", heads, k)?;
         let rank_f = cfg.decay_proj.rank();
         let rank_g = cfg.output_gate.rank();
-        let f_width = if cfg.decay_proj == GateProj::FullRank { d } else { rank_f };
-        let g_width = if cfg.output_gate == GateProj::FullRank { d } else { rank_g };
+        let f_width = if cfg.decay_proj == GateProj::FullRank {
+            d
+        } else {
+            rank_f
+        };
+        let g_width = if cfg.output_gate == GateProj::FullRank {
+            d
+        } else {
+            rank_g
+        };
         let f_off = mul("in-projection", 3, d)?;
         let b_off = add("in-projection", f_off, f_width)?;
         let g_off = add("in-projection", b_off, heads)?;
@@ -187,7 +195,9 @@ pub struct Launch {
 
 fn grid_dim(what: &str, v: usize, max: usize) -> Result<u32, CudaError> {
     if v == 0 || v > max {
-        return Err(unsupported(format!("grid dimension {what} = {v} outside 1..={max}")));
+        return Err(unsupported(format!(
+            "grid dimension {what} = {v} outside 1..={max}"
+        )));
     }
     Ok(v as u32)
 }
@@ -204,9 +214,7 @@ pub fn elementwise(total: usize) -> Option<Launch> {
     if total == 0 {
         return None;
     }
-    let blocks = total
-        .div_ceil(ELEMENTWISE_THREADS as usize)
-        .min(1 << 20);
+    let blocks = total.div_ceil(ELEMENTWISE_THREADS as usize).min(1 << 20);
     Some(Launch {
         grid: (blocks as u32, 1, 1),
         block: ELEMENTWISE_THREADS,
@@ -293,7 +301,11 @@ pub const CHUNK_STATIC_SMEM: usize = 128;
 /// The chunk size: `requested` when given (1..=[`MAX_CHUNK`], and it must fit), else the
 /// largest of 64, 32, 16 whose shared memory fits in `smem_limit` bytes per block (the
 /// device's opt-in maximum). Results do not depend on the chunk size beyond f32 rounding.
-pub fn choose_chunk(k: usize, smem_limit: usize, requested: Option<usize>) -> Result<usize, CudaError> {
+pub fn choose_chunk(
+    k: usize,
+    smem_limit: usize,
+    requested: Option<usize>,
+) -> Result<usize, CudaError> {
     let fits = |c: usize| chunked_smem_bytes(c, k) + CHUNK_STATIC_SMEM <= smem_limit;
     match requested {
         Some(c) if c == 0 || c > MAX_CHUNK => Err(CudaError::Core(KdaError::Config {
@@ -508,7 +520,11 @@ impl WorkspaceLayout {
             l.kg = c.take(td)?;
             l.w = c.take(td)?;
             l.u = c.take(tdv)?;
-            l.aqk = c.take(mul("workspace", mul("workspace", t, dims.heads)?, MAX_CHUNK)?)?;
+            l.aqk = c.take(mul(
+                "workspace",
+                mul("workspace", t, dims.heads)?,
+                MAX_CHUNK,
+            )?)?;
         }
         l.o = c.take(tdv)?;
         l.normed = c.take(tdv)?;
@@ -586,7 +602,11 @@ pub fn forward_shape(
     let seqs = kda_core::validate_offsets(cu_seqlens, tokens)?;
     to_i32("tokens", tokens)?;
     to_i32("sequences", seqs)?;
-    let longest = cu_seqlens.windows(2).map(|p| p[1] - p[0]).max().unwrap_or(0);
+    let longest = cu_seqlens
+        .windows(2)
+        .map(|p| p[1] - p[0])
+        .max()
+        .unwrap_or(0);
     Ok(CallShape {
         tokens,
         seqs,
@@ -662,7 +682,10 @@ mod tests {
     #[test]
     fn in_projection_columns_are_contiguous() {
         let d = LayerDims::new(&cfg(3, 16, false)).unwrap();
-        assert_eq!((d.d, d.f_off, d.f_width, d.b_off, d.g_off, d.g_width), (48, 144, 16, 160, 163, 16));
+        assert_eq!(
+            (d.d, d.f_off, d.f_width, d.b_off, d.g_off, d.g_width),
+            (48, 144, 16, 160, 163, 16)
+        );
         assert_eq!(d.p, 179);
         let d = LayerDims::new(&cfg(3, 16, true)).unwrap();
         // K3: low-rank decay, full-rank output gate.
@@ -689,7 +712,10 @@ mod tests {
         assert_eq!((l.grid, l.block, l.smem), ((8192, 288, 1), 128, 0));
         assert!(conv_prefill(&d, 0).is_err());
         let l = decode(&d, 64).unwrap();
-        assert_eq!((l.grid, l.block, l.smem), ((64, 96, 1), 128, 4 * (3 * 128 + 2 * 128)));
+        assert_eq!(
+            (l.grid, l.block, l.smem),
+            ((64, 96, 1), 128, 4 * (3 * 128 + 2 * 128))
+        );
         let l = recurrent(&d, 3).unwrap();
         assert_eq!((l.grid, l.block, l.smem), ((3, 96, 1), 128, 4 * 3 * 128));
         let l = chunk_state(&d, 2, 64).unwrap();
@@ -708,19 +734,37 @@ mod tests {
     #[test]
     fn shared_memory_formulas_and_chunk_choice() {
         // Hand-checked against chunked.cu's carving.
-        assert_eq!(intra_smem_floats(64, 128), 2 * 64 * 128 + 48 * 129 + 3 * 4096 + 64);
-        assert_eq!(state_smem_floats(64, 128), 128 * 32 + 64 * 32 + 64 * 128 + 4096 + 128);
+        assert_eq!(
+            intra_smem_floats(64, 128),
+            2 * 64 * 128 + 48 * 129 + 3 * 4096 + 64
+        );
+        assert_eq!(
+            state_smem_floats(64, 128),
+            128 * 32 + 64 * 32 + 64 * 128 + 4096 + 128
+        );
         let h100 = 227 * 1024;
         let a100 = 163 * 1024;
         assert_eq!(choose_chunk(128, h100, None).unwrap(), 64);
         assert_eq!(choose_chunk(128, a100, None).unwrap(), 64);
         assert_eq!(choose_chunk(256, a100, None).unwrap(), 32);
         assert_eq!(choose_chunk(128, 48 * 1024, None).unwrap(), 16);
-        assert!(matches!(choose_chunk(4096, a100, None), Err(CudaError::Unsupported(_))));
+        assert!(matches!(
+            choose_chunk(4096, a100, None),
+            Err(CudaError::Unsupported(_))
+        ));
         assert_eq!(choose_chunk(64, a100, Some(48)).unwrap(), 48);
-        assert!(matches!(choose_chunk(64, a100, Some(0)), Err(CudaError::Core(_))));
-        assert!(matches!(choose_chunk(64, a100, Some(65)), Err(CudaError::Core(_))));
-        assert!(matches!(choose_chunk(256, a100, Some(64)), Err(CudaError::Unsupported(_))));
+        assert!(matches!(
+            choose_chunk(64, a100, Some(0)),
+            Err(CudaError::Core(_))
+        ));
+        assert!(matches!(
+            choose_chunk(64, a100, Some(65)),
+            Err(CudaError::Core(_))
+        ));
+        assert!(matches!(
+            choose_chunk(256, a100, Some(64)),
+            Err(CudaError::Unsupported(_))
+        ));
     }
 
     #[test]
@@ -732,7 +776,11 @@ mod tests {
         assert!(t.is_empty());
         assert_eq!(t.first, vec![0, 0]);
         assert!(ChunkTable::new(&[0, 3], 0).is_err());
-        let idx = IndexData::new(&[0, 5, 5, 12, 13], Some(&ChunkTable::new(&[0, 5, 5, 12, 13], 4).unwrap())).unwrap();
+        let idx = IndexData::new(
+            &[0, 5, 5, 12, 13],
+            Some(&ChunkTable::new(&[0, 5, 5, 12, 13], 4).unwrap()),
+        )
+        .unwrap();
         assert_eq!((idx.first_off, idx.chunks_off, idx.data.len()), (5, 10, 20));
         assert_eq!(&idx.data[10..14], &[0, 4, 4, 1]);
         let idx = IndexData::new(&[0, 3], None).unwrap();
@@ -750,8 +798,22 @@ mod tests {
                 (WorkspaceLayout::decode(&d, 7).unwrap(), 7),
             ] {
                 let regions = [
-                    l.proj, l.f_up, l.g_up, l.x_cast, l.low_cast, l.qkv, l.g, l.beta, l.qg, l.kg,
-                    l.w, l.u, l.aqk, l.o, l.normed, l.out_stage,
+                    l.proj,
+                    l.f_up,
+                    l.g_up,
+                    l.x_cast,
+                    l.low_cast,
+                    l.qkv,
+                    l.g,
+                    l.beta,
+                    l.qg,
+                    l.kg,
+                    l.w,
+                    l.u,
+                    l.aqk,
+                    l.o,
+                    l.normed,
+                    l.out_stage,
                 ];
                 let mut used: Vec<Region> = regions.into_iter().filter(|r| r.len > 0).collect();
                 used.sort_by_key(|r| r.off);
@@ -777,11 +839,26 @@ mod tests {
         let c = cfg(2, 8, false);
         let s = forward_shape(&c, 5 * 64, 5 * 64, &[0, 2, 2, 5]).unwrap();
         assert_eq!((s.tokens, s.seqs, s.longest), (5, 3, 3));
-        assert!(matches!(forward_shape(&c, 5 * 64 + 1, 5 * 64 + 1, &[0, 5]), Err(CudaError::Core(KdaError::Length { arg: "x", .. }))));
-        assert!(matches!(forward_shape(&c, 5 * 64, 4 * 64, &[0, 5]), Err(CudaError::Core(KdaError::Length { arg: "out", .. }))));
-        assert!(matches!(forward_shape(&c, 5 * 64, 5 * 64, &[0, 4]), Err(CudaError::Core(KdaError::Offsets { .. }))));
-        assert!(matches!(forward_shape(&c, 5 * 64, 5 * 64, &[]), Err(CudaError::Core(KdaError::Offsets { .. }))));
-        assert!(matches!(forward_shape(&c, 5 * 64, 5 * 64, &[0, 3, 2, 5]), Err(CudaError::Core(KdaError::Offsets { .. }))));
+        assert!(matches!(
+            forward_shape(&c, 5 * 64 + 1, 5 * 64 + 1, &[0, 5]),
+            Err(CudaError::Core(KdaError::Length { arg: "x", .. }))
+        ));
+        assert!(matches!(
+            forward_shape(&c, 5 * 64, 4 * 64, &[0, 5]),
+            Err(CudaError::Core(KdaError::Length { arg: "out", .. }))
+        ));
+        assert!(matches!(
+            forward_shape(&c, 5 * 64, 5 * 64, &[0, 4]),
+            Err(CudaError::Core(KdaError::Offsets { .. }))
+        ));
+        assert!(matches!(
+            forward_shape(&c, 5 * 64, 5 * 64, &[]),
+            Err(CudaError::Core(KdaError::Offsets { .. }))
+        ));
+        assert!(matches!(
+            forward_shape(&c, 5 * 64, 5 * 64, &[0, 3, 2, 5]),
+            Err(CudaError::Core(KdaError::Offsets { .. }))
+        ));
         let s = forward_shape(&c, 0, 0, &[0, 0, 0]).unwrap();
         assert_eq!((s.tokens, s.seqs, s.longest), (0, 2, 0));
         let s = decode_shape(&c, 3 * 64, 3 * 64).unwrap();

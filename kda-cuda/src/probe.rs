@@ -176,7 +176,12 @@ mod tests {
         assert_eq!(r, Ok(3));
         // Nested: the inner guard catches, the outer sees a value.
         let r = guarded(
-            || guarded(|| -> Result<(), CudaError> { panic!("inner") }, CudaError::Blas),
+            || {
+                guarded(
+                    || -> Result<(), CudaError> { panic!("inner") },
+                    CudaError::Blas,
+                )
+            },
             CudaError::Nvrtc,
         );
         assert_eq!(r, Err(CudaError::Blas("inner".into())));
@@ -188,7 +193,10 @@ mod tests {
             "Unable to dynamically load the \"nvrtc\" shared library - searched for library names: [..]",
             "NVRTC",
         );
-        assert!(m.starts_with("the NVRTC library could not be loaded"), "{m}");
+        assert!(
+            m.starts_with("the NVRTC library could not be loaded"),
+            "{m}"
+        );
         assert!(!m.contains("searched"));
     }
 }

@@ -104,7 +104,11 @@ fn up_proj<'a>(g: GateWeights<'a>) -> Option<MatRef<'a>> {
     }
 }
 
-fn upload_mat(be: &CudaBackend, parts: &[MatRef<'_>], dtype: Dtype) -> Result<DeviceMat, CudaError> {
+fn upload_mat(
+    be: &CudaBackend,
+    parts: &[MatRef<'_>],
+    dtype: Dtype,
+) -> Result<DeviceMat, CudaError> {
     let cols = parts.first().map_or(0, |m| m.cols());
     let rows: usize = parts.iter().map(|m| m.rows()).sum();
     let s = &be.dev.stream;
@@ -198,8 +202,12 @@ impl DeviceWeights {
                 w_in.rows, dims.p
             )));
         }
-        let f_up = up_proj(w.decay_proj).map(|m| upload_mat(be, &[m], dtype)).transpose()?;
-        let g_up = up_proj(w.output_gate).map(|m| upload_mat(be, &[m], dtype)).transpose()?;
+        let f_up = up_proj(w.decay_proj)
+            .map(|m| upload_mat(be, &[m], dtype))
+            .transpose()?;
+        let g_up = up_proj(w.output_gate)
+            .map(|m| upload_mat(be, &[m], dtype))
+            .transpose()?;
         let o_proj = upload_mat(be, &[w.o_proj], dtype)?;
         let conv = upload_f32(be, &[w.q_conv, w.k_conv, w.v_conv])?;
         let a_log = w.a_log.map(|a| upload_f32(be, &[a])).transpose()?;
@@ -233,11 +241,16 @@ impl DeviceWeights {
 
     /// Device bytes of the matrices (the small f32 parameters not counted).
     pub fn matrix_bytes(&self) -> usize {
-        [Some(&self.w_in), self.f_up.as_ref(), self.g_up.as_ref(), Some(&self.o_proj)]
-            .into_iter()
-            .flatten()
-            .map(DeviceMat::bytes)
-            .sum()
+        [
+            Some(&self.w_in),
+            self.f_up.as_ref(),
+            self.g_up.as_ref(),
+            Some(&self.o_proj),
+        ]
+        .into_iter()
+        .flatten()
+        .map(DeviceMat::bytes)
+        .sum()
     }
 
     /// The layer dims, after checking that `cfg` is the configuration these weights are for.

@@ -12,7 +12,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 fn newest_source(dir: &Path, newest: &mut SystemTime) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -30,7 +32,12 @@ fn kernels_match_the_float64_reference_in_the_host_emulator() {
         return;
     }
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    if Command::new(&cxx).arg("--version").stdout(Stdio::null()).status().is_err() {
+    if Command::new(&cxx)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
         eprintln!("skipped: no C++ compiler ({cxx})");
         return;
     }
@@ -45,14 +52,23 @@ fn kernels_match_the_float64_reference_in_the_host_emulator() {
         .is_ok_and(|t| t > newest);
     if !fresh {
         let out = Command::new(&cxx)
-            .args(["-std=c++20", "-O2", "-pthread", "-Wall", "-Wno-unknown-pragmas", "-o"])
+            .args([
+                "-std=c++20",
+                "-O2",
+                "-pthread",
+                "-Wall",
+                "-Wno-unknown-pragmas",
+                "-o",
+            ])
             .arg(&bin)
             .arg(&harness)
             .output()
             .expect("run the C++ compiler");
         let log = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() {
-            if log.contains("barrier") && (log.contains("No such file") || log.contains("not found")) {
+            if log.contains("barrier")
+                && (log.contains("No such file") || log.contains("not found"))
+            {
                 eprintln!("skipped: {cxx} lacks C++20 <barrier>:\n{log}");
                 return;
             }
@@ -80,5 +96,8 @@ fn kernels_match_the_float64_reference_in_the_host_emulator() {
         let _ = s.read_to_string(&mut stdout);
     }
     println!("{stdout}");
-    assert!(status.success(), "emulated kernels disagree with the reference:\n{stdout}");
+    assert!(
+        status.success(),
+        "emulated kernels disagree with the reference:\n{stdout}"
+    );
 }

@@ -21,7 +21,10 @@ fn backend() -> Option<CudaBackend> {
     match conformance_backend() {
         Ok(be) => {
             let d = be.device_info();
-            eprintln!("cuda: {} (sm_{}{})", d.name, d.compute_capability.0, d.compute_capability.1);
+            eprintln!(
+                "cuda: {} (sm_{}{})",
+                d.name, d.compute_capability.0, d.compute_capability.1
+            );
             Some(be)
         }
         Err(e) => {
@@ -57,7 +60,10 @@ fn forward_case(
     let start = Caches::random(cfg, n, seed + 1);
     // The CPU reference sees what the GPU sees: bf16-rounded weights and rows in bf16 mode.
     let (ref_layer, ref_x) = if formats.io == Dtype::Bf16 {
-        let rx: Vec<f32> = x.iter().map(|&v| kda_core::bf16::from_f32(v).to_f32()).collect();
+        let rx: Vec<f32> = x
+            .iter()
+            .map(|&v| kda_core::bf16::from_f32(v).to_f32())
+            .collect();
         (layer.rounded_bf16(), rx)
     } else {
         (layer.clone(), x.clone())
@@ -66,14 +72,28 @@ fn forward_case(
     let want = cpu_forward(&ref_layer, &ref_x, cu, &mut want_c, init);
     let mut got_c = start.clone();
     let mut got = vec![0.0; x.len()];
-    be.forward_host_with(cfg, &layer.weights(), &x, cu, got_c.as_mut(), init, &mut got, formats)
-        .unwrap_or_else(|e| panic!("GPU forward failed: {e}"));
+    be.forward_host_with(
+        cfg,
+        &layer.weights(),
+        &x,
+        cu,
+        got_c.as_mut(),
+        init,
+        &mut got,
+        formats,
+    )
+    .unwrap_or_else(|e| panic!("GPU forward failed: {e}"));
     compare(&got, &got_c, &want, &want_c)
 }
 
 fn check(what: &str, r: (f64, String), tol: f64) {
     println!("{what:<60} {}", r.1);
-    assert!(r.0 <= tol, "{what}: worst rel-RMS {:.3e} > {tol:e} ({})", r.0, r.1);
+    assert!(
+        r.0 <= tol,
+        "{what}: worst rel-RMS {:.3e} > {tol:e} ({})",
+        r.0,
+        r.1
+    );
 }
 
 #[test]
@@ -106,7 +126,11 @@ fn forward_matches_cpu_in_every_mode_and_shape() {
             }
             for init in [InitialCaches::Given, InitialCaches::Zero] {
                 let r = forward_case(&mut be, &layer, cu, init, HostFormats::F32, 7 + i as u64);
-                check(&format!("{kind} H{h} K{k} W{w} cu{cu:?} {mode:?}/{chunk:?} {init:?}"), r, F32_TOL);
+                check(
+                    &format!("{kind} H{h} K{k} W{w} cu{cu:?} {mode:?}/{chunk:?} {init:?}"),
+                    r,
+                    F32_TOL,
+                );
             }
         }
     }
@@ -129,7 +153,14 @@ fn hard_resets_and_unbounded_gates_stay_finite() {
             mode,
             chunk_size: None,
         };
-        let r = forward_case(&mut be, &layer, &[0, 200, 333], InitialCaches::Given, HostFormats::F32, 3);
+        let r = forward_case(
+            &mut be,
+            &layer,
+            &[0, 200, 333],
+            InitialCaches::Given,
+            HostFormats::F32,
+            3,
+        );
         check(&format!("−1000-scale gates, {mode:?}"), r, F32_TOL);
     }
 }
@@ -144,7 +175,14 @@ fn bf16_path_matches_cpu_on_rounded_weights() {
                 mode,
                 chunk_size: None,
             };
-            let r = forward_case(&mut be, &layer, &[0, 3, 150, 300], InitialCaches::Given, HostFormats::BF16, 9);
+            let r = forward_case(
+                &mut be,
+                &layer,
+                &[0, 3, 150, 300],
+                InitialCaches::Given,
+                HostFormats::BF16,
+                9,
+            );
             check(&format!("bf16 {kind} K{k} {mode:?}"), r, BF16_TOL);
         }
     }
@@ -153,9 +191,14 @@ fn bf16_path_matches_cpu_on_rounded_weights() {
 #[test]
 fn decode_steps_match_cpu() {
     let Some(mut be) = backend() else { return };
-    for (i, (kind, h, k, w)) in [("linear", 2usize, 32usize, 4usize), ("k3", 3, 128, 4), ("linear", 1, 256, 2), ("k3", 2, 16, 1)]
-        .into_iter()
-        .enumerate()
+    for (i, (kind, h, k, w)) in [
+        ("linear", 2usize, 32usize, 4usize),
+        ("k3", 3, 128, 4),
+        ("linear", 1, 256, 2),
+        ("k3", 2, 16, 1),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let layer = Layer::random(cfg(kind, 64, h, k, w), 60 + i as u64);
         let n = 3;
@@ -168,7 +211,11 @@ fn decode_steps_match_cpu() {
             let mut got = vec![0.0; x.len()];
             be.decode_host(&layer.cfg, &layer.weights(), &x, got_c.as_mut(), &mut got)
                 .unwrap_or_else(|e| panic!("GPU decode failed: {e}"));
-            check(&format!("decode {kind} H{h} K{k} W{w} step {step}"), compare(&got, &got_c, &want, &want_c), F32_TOL);
+            check(
+                &format!("decode {kind} H{h} K{k} W{w} step {step}"),
+                compare(&got, &got_c, &want, &want_c),
+                F32_TOL,
+            );
         }
     }
 }
@@ -191,10 +238,24 @@ fn device_resident_prefill_then_decode_through_the_trait() {
     let mut caches = DeviceCaches::zeros(&be, &cfg, n).unwrap();
     let mut ws = DeviceWorkspace::new(&be, be.forward_workspace_len(&cfg, 160).unwrap()).unwrap();
     be.opts.mode = Mode::Chunked;
-    be.forward(&cfg, &w, &xd, &cu, &mut caches, InitialCaches::Zero, &mut od, &mut ws).unwrap();
+    be.forward(
+        &cfg,
+        &w,
+        &xd,
+        &cu,
+        &mut caches,
+        InitialCaches::Zero,
+        &mut od,
+        &mut ws,
+    )
+    .unwrap();
     let mut got_c = Caches::zeros(&cfg, n);
     caches.download(&be, &mut got_c.as_mut()).unwrap();
-    check("trait forward (device buffers)", compare(&od.to_f32(&be).unwrap(), &got_c, &want, &want_c), F32_TOL);
+    check(
+        "trait forward (device buffers)",
+        compare(&od.to_f32(&be).unwrap(), &got_c, &want, &want_c),
+        F32_TOL,
+    );
 
     // Decode three steps on the device-resident caches.
     let mut dws = DeviceWorkspace::new(&be, be.decode_workspace_len(&cfg, n).unwrap()).unwrap();
@@ -203,9 +264,14 @@ fn device_resident_prefill_then_decode_through_the_trait() {
         let want = cpu_decode(&layer, &xs, &mut want_c);
         let xd = DeviceRows::from_f32(&be, &xs, Dtype::F32).unwrap();
         let mut od = DeviceRows::zeros(&be, Dtype::F32, xs.len()).unwrap();
-        be.decode_step(&cfg, &w, &xd, &mut caches, &mut od, &mut dws).unwrap();
+        be.decode_step(&cfg, &w, &xd, &mut caches, &mut od, &mut dws)
+            .unwrap();
         caches.download(&be, &mut got_c.as_mut()).unwrap();
-        check(&format!("trait decode step {step}"), compare(&od.to_f32(&be).unwrap(), &got_c, &want, &want_c), F32_TOL);
+        check(
+            &format!("trait decode step {step}"),
+            compare(&od.to_f32(&be).unwrap(), &got_c, &want, &want_c),
+            F32_TOL,
+        );
     }
 }
 
@@ -216,18 +282,39 @@ fn chunk_size_does_not_change_the_result() {
     let cu = [0usize, 257];
     let x = Rng(91).vec(257 * 64, 1.0);
     let mut results = Vec::new();
-    for (mode, chunk) in [(Mode::Recurrent, None), (Mode::Chunked, Some(16)), (Mode::Chunked, Some(32)), (Mode::Chunked, Some(64))] {
-        be.opts = CudaOptions { mode, chunk_size: chunk };
+    for (mode, chunk) in [
+        (Mode::Recurrent, None),
+        (Mode::Chunked, Some(16)),
+        (Mode::Chunked, Some(32)),
+        (Mode::Chunked, Some(64)),
+    ] {
+        be.opts = CudaOptions {
+            mode,
+            chunk_size: chunk,
+        };
         if be.chunk_size(&layer.cfg).is_err() && mode == Mode::Chunked {
             continue;
         }
         let mut c = Caches::zeros(&layer.cfg, 1);
         let mut out = vec![0.0; x.len()];
-        be.forward_host(&layer.cfg, &layer.weights(), &x, &cu, c.as_mut(), InitialCaches::Zero, &mut out).unwrap();
+        be.forward_host(
+            &layer.cfg,
+            &layer.weights(),
+            &x,
+            &cu,
+            c.as_mut(),
+            InitialCaches::Zero,
+            &mut out,
+        )
+        .unwrap();
         results.push((format!("{mode:?}/{chunk:?}"), out, c));
     }
     for (name, out, c) in &results[1..] {
-        check(&format!("GPU {name} vs GPU recurrent"), compare(out, c, &results[0].1, &results[0].2), 1e-5);
+        check(
+            &format!("GPU {name} vs GPU recurrent"),
+            compare(out, c, &results[0].1, &results[0].2),
+            1e-5,
+        );
     }
 }
 
@@ -241,19 +328,73 @@ fn bad_arguments_are_errors_on_a_real_device() {
     let mut od = DeviceRows::zeros(&be, Dtype::F32, 10 * 32).unwrap();
     let mut caches = DeviceCaches::zeros(&be, &cfg, 1).unwrap();
     let mut small = DeviceWorkspace::new(&be, 10).unwrap();
-    let e = be.forward(&cfg, &w, &xd, &[0, 10], &mut caches, InitialCaches::Zero, &mut od, &mut small);
-    assert!(matches!(e, Err(CudaError::Core(kda_core::KdaError::TooSmall { .. }))), "{e:?}");
+    let e = be.forward(
+        &cfg,
+        &w,
+        &xd,
+        &[0, 10],
+        &mut caches,
+        InitialCaches::Zero,
+        &mut od,
+        &mut small,
+    );
+    assert!(
+        matches!(e, Err(CudaError::Core(kda_core::KdaError::TooSmall { .. }))),
+        "{e:?}"
+    );
     let mut ws = DeviceWorkspace::new(&be, be.forward_workspace_len(&cfg, 10).unwrap()).unwrap();
-    let e = be.forward(&cfg, &w, &xd, &[0, 9], &mut caches, InitialCaches::Zero, &mut od, &mut ws);
-    assert!(matches!(e, Err(CudaError::Core(kda_core::KdaError::Offsets { .. }))), "{e:?}");
-    let e = be.forward(&cfg, &w, &xd, &[0, 5, 10], &mut caches, InitialCaches::Zero, &mut od, &mut ws);
+    let e = be.forward(
+        &cfg,
+        &w,
+        &xd,
+        &[0, 9],
+        &mut caches,
+        InitialCaches::Zero,
+        &mut od,
+        &mut ws,
+    );
+    assert!(
+        matches!(e, Err(CudaError::Core(kda_core::KdaError::Offsets { .. }))),
+        "{e:?}"
+    );
+    let e = be.forward(
+        &cfg,
+        &w,
+        &xd,
+        &[0, 5, 10],
+        &mut caches,
+        InitialCaches::Zero,
+        &mut od,
+        &mut ws,
+    );
     assert!(e.is_err(), "caches hold 1 sequence, not 2");
     let mut other = cfg;
     other.rms_eps = 1e-3;
-    let e = be.forward(&other, &w, &xd, &[0, 10], &mut caches, InitialCaches::Zero, &mut od, &mut ws);
+    let e = be.forward(
+        &other,
+        &w,
+        &xd,
+        &[0, 10],
+        &mut caches,
+        InitialCaches::Zero,
+        &mut od,
+        &mut ws,
+    );
     assert!(matches!(e, Err(CudaError::Invalid(_))), "{e:?}");
     let mut be2 = conformance_backend().unwrap();
-    let e = be2.forward(&cfg, &w, &xd, &[0, 10], &mut caches, InitialCaches::Zero, &mut od, &mut ws);
-    assert!(matches!(e, Err(CudaError::Invalid(_))), "buffers of another backend: {e:?}");
+    let e = be2.forward(
+        &cfg,
+        &w,
+        &xd,
+        &[0, 10],
+        &mut caches,
+        InitialCaches::Zero,
+        &mut od,
+        &mut ws,
+    );
+    assert!(
+        matches!(e, Err(CudaError::Invalid(_))),
+        "buffers of another backend: {e:?}"
+    );
     be.synchronize().unwrap();
 }

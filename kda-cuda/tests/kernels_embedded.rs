@@ -7,7 +7,11 @@ fn every_source_is_embedded_and_non_empty() {
     assert!(kernels::FILES.len() >= 7);
     for f in kernels::FILES {
         assert!(f.source.len() > 200, "{} is (nearly) empty", f.name);
-        assert!(f.name.ends_with(".cu") || f.name.ends_with(".cuh"), "{}", f.name);
+        assert!(
+            f.name.ends_with(".cu") || f.name.ends_with(".cuh"),
+            "{}",
+            f.name
+        );
     }
     for name in ["decode.cu", "chunked.cu", "conv.cu", "norm.cu", "gate.cu"] {
         assert!(kernels::file(name).is_some(), "{name} missing");
@@ -19,7 +23,12 @@ fn sources_include_no_headers() {
     // NVRTC then needs no CUDA include directory (only libnvrtc itself).
     for f in kernels::FILES {
         for (i, line) in f.source.lines().enumerate() {
-            assert!(!line.trim_start().starts_with("#include"), "{}:{}: {line}", f.name, i + 1);
+            assert!(
+                !line.trim_start().starts_with("#include"),
+                "{}:{}: {line}",
+                f.name,
+                i + 1
+            );
         }
     }
 }
@@ -38,7 +47,10 @@ fn each_kernel_is_defined_once_as_extern_c() {
             .lines()
             .filter(|l| l.starts_with("extern \"C\" __global__") && l.contains(&pattern))
             .count();
-        assert_eq!(defs, 1, "{k} should be defined exactly once as an extern \"C\" kernel");
+        assert_eq!(
+            defs, 1,
+            "{k} should be defined exactly once as an extern \"C\" kernel"
+        );
     }
 }
 
@@ -58,7 +70,12 @@ fn dependencies_come_first_and_programs_are_standalone() {
             assert!(prog.contains(kernels::file(need).unwrap().source));
         }
         // common.cuh appears exactly once in any program.
-        assert_eq!(prog.matches("---- common.cuh ----").count(), 1, "{}", f.name);
+        assert_eq!(
+            prog.matches("---- common.cuh ----").count(),
+            1,
+            "{}",
+            f.name
+        );
     }
     let module = kernels::module_source();
     for f in kernels::FILES {

@@ -3,7 +3,7 @@
 
 use kda_core::{GateProj, KdaConfig, KdaError};
 use kda_cuda::plan::{
-    self, chunked_smem_bytes, choose_chunk, ChunkTable, IndexData, LayerDims, WorkspaceLayout,
+    self, choose_chunk, chunked_smem_bytes, ChunkTable, IndexData, LayerDims, WorkspaceLayout,
     MAX_CHUNK,
 };
 use kda_cuda::CudaError;
@@ -18,7 +18,10 @@ fn workspace_lengths_grow_with_tokens_and_cover_both_modes() {
     assert!(b > a);
     assert!(WorkspaceLayout::forward(&d, 100, false).unwrap().total <= a);
     assert_eq!(WorkspaceLayout::forward(&d, 100, true).unwrap().total, a);
-    assert!(plan::decode_workspace_len(&cfg, 64).unwrap() < plan::forward_workspace_len(&cfg, 64).unwrap());
+    assert!(
+        plan::decode_workspace_len(&cfg, 64).unwrap()
+            < plan::forward_workspace_len(&cfg, 64).unwrap()
+    );
 }
 
 #[test]
@@ -49,15 +52,36 @@ fn gate_projection_forms_change_the_in_projection() {
 fn malformed_calls_are_errors() {
     let cfg = KdaConfig::kimi_linear(8, 1, 4);
     let e = plan::forward_shape(&cfg, 7, 7, &[0, 1]).unwrap_err();
-    assert!(matches!(e, CudaError::Core(KdaError::Length { arg: "x", .. })), "{e:?}");
+    assert!(
+        matches!(e, CudaError::Core(KdaError::Length { arg: "x", .. })),
+        "{e:?}"
+    );
     let e = plan::forward_shape(&cfg, 16, 8, &[0, 2]).unwrap_err();
-    assert!(matches!(e, CudaError::Core(KdaError::Length { arg: "out", .. })), "{e:?}");
-    for cu in [&[][..], &[0][..], &[1, 2][..], &[0, 3][..], &[0, 2, 1, 2][..]] {
-        assert!(matches!(plan::forward_shape(&cfg, 16, 16, cu), Err(CudaError::Core(KdaError::Offsets { .. }))), "{cu:?}");
+    assert!(
+        matches!(e, CudaError::Core(KdaError::Length { arg: "out", .. })),
+        "{e:?}"
+    );
+    for cu in [
+        &[][..],
+        &[0][..],
+        &[1, 2][..],
+        &[0, 3][..],
+        &[0, 2, 1, 2][..],
+    ] {
+        assert!(
+            matches!(
+                plan::forward_shape(&cfg, 16, 16, cu),
+                Err(CudaError::Core(KdaError::Offsets { .. }))
+            ),
+            "{cu:?}"
+        );
     }
     let mut bad = cfg;
     bad.l2_eps = f32::NAN;
-    assert!(matches!(plan::forward_shape(&bad, 16, 16, &[0, 2]), Err(CudaError::Core(KdaError::Config { .. }))));
+    assert!(matches!(
+        plan::forward_shape(&bad, 16, 16, &[0, 2]),
+        Err(CudaError::Core(KdaError::Config { .. }))
+    ));
     assert!(plan::decode_shape(&cfg, 9, 9).is_err());
     assert!(choose_chunk(4, 1 << 20, Some(0)).is_err());
     assert!(ChunkTable::new(&[0, 4], 0).is_err());
@@ -95,7 +119,7 @@ proptest! {
             let _ = plan::decode(&d, tokens);
             let _ = plan::recurrent(&d, tokens);
             if let Ok(c) = choose_chunk(d.k, smem, chunk) {
-                prop_assert!(c >= 1 && c <= MAX_CHUNK);
+                prop_assert!((1..=MAX_CHUNK).contains(&c));
                 prop_assert!(chunked_smem_bytes(c, d.k) <= smem);
                 let table = ChunkTable::new(&cu, c).unwrap();
                 prop_assert_eq!(table.first.len(), cu.len());

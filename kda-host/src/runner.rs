@@ -135,7 +135,9 @@ impl Runner {
         let opts = mode.options();
         let ws = self.workspace(cfg, &opts, tokens, exec.workers())?;
         let caches = caches.as_mut();
-        forward_with(cfg, w, x, cu_seqlens, caches, init, &mut out, ws, &opts, exec)?;
+        forward_with(
+            cfg, w, x, cu_seqlens, caches, init, &mut out, ws, &opts, exec,
+        )?;
         Ok(out)
     }
 

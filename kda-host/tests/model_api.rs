@@ -264,7 +264,15 @@ fn bf16_input_and_no_cu_seqlens() {
     let mut c = SequenceCaches::new(&owned[1].cfg, 1).unwrap();
     let w = owned[1].weights().unwrap();
     let want = Runner::default()
-        .forward_weights(&owned[1].cfg, &w, &x, &[0, 6], &mut c, InitialCaches::Zero, kda_host::Mode::Chunked)
+        .forward_weights(
+            &owned[1].cfg,
+            &w,
+            &x,
+            &[0, 6],
+            &mut c,
+            InitialCaches::Zero,
+            kda_host::Mode::Chunked,
+        )
         .unwrap();
     assert_eq!(kda_host::io::read_output(&out).unwrap().0, want);
 }

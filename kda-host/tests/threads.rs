@@ -4,8 +4,17 @@ use kda_core::{InitialCaches, KdaConfig};
 use kda_host::rng::Rng;
 use kda_host::{Mode, OwnedLayer, Runner, SequenceCaches, WeightDtype};
 
-fn run(threads: usize, layer: &OwnedLayer, x: &[f32], cu: &[usize], mode: Mode) -> (Vec<f32>, Vec<f32>, SequenceCaches) {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+fn run(
+    threads: usize,
+    layer: &OwnedLayer,
+    x: &[f32],
+    cu: &[usize],
+    mode: Mode,
+) -> (Vec<f32>, Vec<f32>, SequenceCaches) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
     pool.install(|| {
         let cfg = layer.cfg;
         let mut runner = Runner::new(48);

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use half::bf16;
-use kda_core::{Cpu, DecayGate, ForwardOptions, GateProj, InitialCaches, KdaBackend, KdaConfig, Mode};
+use kda_core::{
+    Cpu, DecayGate, ForwardOptions, GateProj, InitialCaches, KdaBackend, KdaConfig, Mode,
+};
 use kda_host::layer::{OwnedData, OwnedGate, OwnedMat};
 use kda_host::{OwnedLayer, SequenceCaches};
 use safetensors::{Dtype, SafeTensors};
@@ -319,7 +321,10 @@ impl Harness for CpuHarness {
         caches: &mut SequenceCaches,
         init: InitialCaches,
     ) -> Result<Vec<f32>, String> {
-        let mut be = Cpu { opts: self.opts, exec: kda_core::Serial };
+        let mut be = Cpu {
+            opts: self.opts,
+            exec: kda_core::Serial,
+        };
         let w = layer.weights().map_err(|e| e.to_string())?;
         let mut ws = vec![
             0.0;
@@ -347,7 +352,10 @@ impl Harness for CpuHarness {
         x: &[f32],
         caches: &mut SequenceCaches,
     ) -> Result<Vec<f32>, String> {
-        let mut be = Cpu { opts: self.opts, exec: kda_core::Serial };
+        let mut be = Cpu {
+            opts: self.opts,
+            exec: kda_core::Serial,
+        };
         let w = layer.weights().map_err(|e| e.to_string())?;
         let mut ws = vec![
             0.0;
@@ -361,19 +369,76 @@ impl Harness for CpuHarness {
     }
 }
 
+/// The CUDA backend through its host-data helpers (upload, run, download per call).
+pub struct CudaHarness(pub kda_cuda::CudaBackend);
+
+impl Harness for CudaHarness {
+    fn name(&self) -> &'static str {
+        match self.0.opts.mode {
+            Mode::Recurrent => "cuda-rec",
+            Mode::Chunked => "cuda-chunk",
+            Mode::Auto => "cuda-auto",
+        }
+    }
+
+    fn forward(
+        &mut self,
+        layer: &OwnedLayer,
+        x: &[f32],
+        cu_seqlens: &[usize],
+        caches: &mut SequenceCaches,
+        init: InitialCaches,
+    ) -> Result<Vec<f32>, String> {
+        let w = layer.weights().map_err(|e| e.to_string())?;
+        let mut out = vec![0.0; x.len()];
+        self.0
+            .forward_host(
+                &layer.cfg,
+                &w,
+                x,
+                cu_seqlens,
+                caches.as_mut(),
+                init,
+                &mut out,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    fn decode(
+        &mut self,
+        layer: &OwnedLayer,
+        x: &[f32],
+        caches: &mut SequenceCaches,
+    ) -> Result<Vec<f32>, String> {
+        let w = layer.weights().map_err(|e| e.to_string())?;
+        let mut out = vec![0.0; x.len()];
+        self.0
+            .decode_host(&layer.cfg, &w, x, caches.as_mut(), &mut out)
+            .map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+}
+
 /// Every backend available on this machine. GPU backends that cannot run here are reported
 /// with a visible `skipped: no CUDA device` line.
 pub fn backends() -> Vec<Box<dyn Harness>> {
-    let v: Vec<Box<dyn Harness>> = vec![
+    let mut v: Vec<Box<dyn Harness>> = vec![
         Box::new(CpuHarness::recurrent(64)),
         Box::new(CpuHarness::chunked(256, 16)),
+        Box::new(CpuHarness::chunked(256, 64)),
     ];
-    match kda_cuda::probe() {
-        Ok(devs) => println!(
-            "cuda: {} device(s) found, but kda-cuda has no KdaBackend yet: skipped: GPU backend not implemented",
-            devs.len()
-        ),
-        Err(e) => println!("skipped: no CUDA device ({e})"),
+    match (
+        kda_cuda::conformance_backend(),
+        kda_cuda::conformance_backend(),
+    ) {
+        (Ok(mut rec), Ok(mut chunk)) => {
+            rec.opts.mode = Mode::Recurrent;
+            chunk.opts.mode = Mode::Chunked;
+            v.push(Box::new(CudaHarness(rec)));
+            v.push(Box::new(CudaHarness(chunk)));
+        }
+        (Err(e), _) | (_, Err(e)) => println!("skipped: no CUDA device ({e})"),
     }
     v
 }

@@ -53,18 +53,42 @@ fn head(t: usize, k: usize, gate: Gate, seed: u64) -> Head {
         }
     }
     let beta = (0..t).map(|_| 1.0 / (1.0 + (-r.normal()).exp())).collect();
-    Head { q, k: kk, v: r.normals(t * k, 1.0), g, beta, s0: r.normals(k * k, 0.5) }
+    Head {
+        q,
+        k: kk,
+        v: r.normals(t * k, 1.0),
+        g,
+        beta,
+        s0: r.normals(k * k, 0.5),
+    }
 }
 
 fn compare(h: &Head, k: usize, chunk: usize, isa: Isa) -> (f64, f64) {
     let scale = 1.0 / (k as f32).sqrt();
     let (mut vr, mut sr) = (h.v.clone(), h.s0.clone());
     let mut scr = vec![0.0; recurrent_scratch_len(k, k)];
-    recurrent_head(Isa::Portable, &h.q, &h.k, &mut vr, &h.g, &h.beta, scale, &mut sr, &mut scr).unwrap();
+    recurrent_head(
+        Isa::Portable,
+        &h.q,
+        &h.k,
+        &mut vr,
+        &h.g,
+        &h.beta,
+        scale,
+        &mut sr,
+        &mut scr,
+    )
+    .unwrap();
     let (mut vc, mut sc) = (h.v.clone(), h.s0.clone());
     let mut scr = vec![0.0; chunked_scratch_len(chunk, k, k)];
-    chunked_head(isa, &h.q, &h.k, &mut vc, &h.g, &h.beta, scale, &mut sc, chunk, chunk, &mut scr).unwrap();
-    assert!(vc.iter().chain(&sc).all(|x| x.is_finite()), "non-finite chunked output");
+    chunked_head(
+        isa, &h.q, &h.k, &mut vc, &h.g, &h.beta, scale, &mut sc, chunk, chunk, &mut scr,
+    )
+    .unwrap();
+    assert!(
+        vc.iter().chain(&sc).all(|x| x.is_finite()),
+        "non-finite chunked output"
+    );
     (rel_rms(&vc, &vr), rel_rms(&sc, &sr))
 }
 
@@ -79,7 +103,10 @@ fn chunked_kernel_equals_recurrence_over_the_issue_grid() {
                 for &c in chunks {
                     for isa in Isa::all_supported() {
                         let (eo, es) = compare(&h, k, c, isa);
-                        assert!(eo <= TOL && es <= TOL, "K{k} T{t} {gate:?} C{c} {isa:?}: o {eo:.2e}, S {es:.2e}");
+                        assert!(
+                            eo <= TOL && es <= TOL,
+                            "K{k} T{t} {gate:?} C{c} {isa:?}: o {eo:.2e}, S {es:.2e}"
+                        );
                         worst = worst.max(eo).max(es);
                     }
                 }
@@ -96,7 +123,9 @@ fn chunked_kernel_matches_naive_chunk_fixture() {
     let (t, h, k) = (q.shape[1], q.shape[2], q.shape[3]);
     let pick = |name: &str, head: usize, width: usize| -> Vec<f32> {
         let all = f.f32(name);
-        (0..t).flat_map(|i| all[(i * h + head) * width..(i * h + head + 1) * width].to_vec()).collect()
+        (0..t)
+            .flat_map(|i| all[(i * h + head) * width..(i * h + head + 1) * width].to_vec())
+            .collect()
     };
     let h0 = f.f32("chunk.h0");
     let (want_o, want_s) = (f.f32("chunk.o"), f.f32("chunk.ht"));
@@ -123,7 +152,8 @@ fn chunked_kernel_matches_naive_chunk_fixture() {
                 )
                 .unwrap();
                 for i in 0..t {
-                    o[(i * h + head) * k..(i * h + head + 1) * k].copy_from_slice(&v[i * k..(i + 1) * k]);
+                    o[(i * h + head) * k..(i * h + head + 1) * k]
+                        .copy_from_slice(&v[i * k..(i + 1) * k]);
                 }
             }
             let (eo, es) = (rel_rms(&o, &want_o), rel_rms(&s, &want_s));
@@ -134,18 +164,36 @@ fn chunked_kernel_matches_naive_chunk_fixture() {
 }
 
 fn cfg_strategy() -> impl Strategy<Value = KdaConfig> {
-    (1usize..24, 1usize..4, prop::sample::select(vec![4usize, 8, 16, 32]), any::<bool>(), any::<bool>()).prop_map(
-        |(hidden, heads, k, lb, full)| KdaConfig {
-            decay_gate: if lb { DecayGate::LowerBound(-5.0) } else { DecayGate::Softplus },
-            output_gate: if full { GateProj::FullRank } else { GateProj::LowRank { rank: k } },
-            ..KdaConfig::kimi_linear(hidden, heads, k)
-        },
+    (
+        1usize..24,
+        1usize..4,
+        prop::sample::select(vec![4usize, 8, 16, 32]),
+        any::<bool>(),
+        any::<bool>(),
     )
+        .prop_map(|(hidden, heads, k, lb, full)| KdaConfig {
+            decay_gate: if lb {
+                DecayGate::LowerBound(-5.0)
+            } else {
+                DecayGate::Softplus
+            },
+            output_gate: if full {
+                GateProj::FullRank
+            } else {
+                GateProj::LowRank { rank: k }
+            },
+            ..KdaConfig::kimi_linear(hidden, heads, k)
+        })
 }
 
 fn random_caches(cfg: &KdaConfig, n: usize, r: &mut Rng) -> SequenceCaches {
     let mut c = SequenceCaches::new(cfg, n).unwrap();
-    for v in [&mut c.recurrent, &mut c.conv_q, &mut c.conv_k, &mut c.conv_v] {
+    for v in [
+        &mut c.recurrent,
+        &mut c.conv_q,
+        &mut c.conv_k,
+        &mut c.conv_v,
+    ] {
         let len = v.len();
         *v = r.normals(len, 0.5);
     }
@@ -202,7 +250,9 @@ fn chunked_block_size_invariance() {
     let mut first = None;
     for block in [16usize, 17, 33, 64, 100, 500] {
         let mut c = SequenceCaches::new(&cfg, 3).unwrap();
-        let y = CpuHarness::chunked(block, 16).forward(&layer, &x, &cu, &mut c, InitialCaches::Zero).unwrap();
+        let y = CpuHarness::chunked(block, 16)
+            .forward(&layer, &x, &cu, &mut c, InitialCaches::Zero)
+            .unwrap();
         match &first {
             None => first = Some((y, c)),
             Some((y0, c0)) => {

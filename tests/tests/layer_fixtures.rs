@@ -40,11 +40,18 @@ fn check_case(h: &mut dyn Harness, name: &str) -> f64 {
             .collect::<Vec<_>>()
             .join("  ")
     );
+    // GPU backends: f32 within 1e-4 of the reference (different summation orders); the CPU
+    // paths within 1e-5.
+    let tol = if h.name().starts_with("cuda") {
+        1e-4
+    } else {
+        TOL
+    };
     let mut worst: f64 = 0.0;
     for (what, e) in errs {
         assert!(
-            e <= TOL,
-            "{name} on {}: {what} rel-RMS {e:.3e} > {TOL:e}",
+            e <= tol,
+            "{name} on {}: {what} rel-RMS {e:.3e} > {tol:e}",
             h.name()
         );
         worst = worst.max(e);

@@ -4,7 +4,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kda_core::{decode_step, forward_with, workspace_len, ForwardOptions, InitialCaches, KdaConfig, Mode, Serial};
+use kda_core::{
+    decode_step, forward_with, workspace_len, ForwardOptions, InitialCaches, KdaConfig, Mode,
+    Serial,
+};
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
 
@@ -55,8 +58,19 @@ fn forward_and_decode_allocate_nothing() {
         let before = ALLOCS.load(Ordering::SeqCst);
         for o in &opts {
             let init = InitialCaches::Zero;
-            forward_with(&cfg, &w, &x, &cu, caches.as_mut(), init, &mut out, &mut ws, o, &Serial)
-                .unwrap();
+            forward_with(
+                &cfg,
+                &w,
+                &x,
+                &cu,
+                caches.as_mut(),
+                init,
+                &mut out,
+                &mut ws,
+                o,
+                &Serial,
+            )
+            .unwrap();
         }
         decode_step(
             &cfg,

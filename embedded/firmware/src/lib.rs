@@ -18,6 +18,9 @@ use core::fmt::Write as _;
 use core::ptr::{read_volatile, write_volatile};
 
 use cortex_m_semihosting::{debug, hio};
+#[cfg(feature = "defmt")]
+use defmt_semihosting as _;
+use kda_core::KdaError;
 use kda_embedded_model::{Gate, Phase, Sink};
 
 /// CMSDK APB timer 0.
@@ -183,14 +186,28 @@ impl FwSink {
         let counter = Counter::init();
         let _ = write!(out, "KDA {name}");
         out.end_line();
+        #[cfg(feature = "defmt")]
+        defmt::info!(
+            "{=str}: {}",
+            name,
+            kda_embedded_model::config(Gate::LowerBound)
+        );
         let (n, ticks) = calibrate(&counter, 100_000);
         let _ = write!(out, "CAL {n} {ticks}");
         out.end_line();
-        FwSink { out, counter, t0: 0 }
+        FwSink {
+            out,
+            counter,
+            t0: 0,
+        }
     }
 
     /// Prints the stack high-water mark and the result, and exits QEMU (status 0 on success).
-    pub fn finish<E: core::fmt::Display>(mut self, r: Result<(), E>) -> ! {
+    pub fn finish(mut self, r: Result<(), KdaError>) -> ! {
+        #[cfg(feature = "defmt")]
+        if let Err(e) = &r {
+            defmt::error!("kda: {}", e);
+        }
         let _ = write!(self.out, "STACK {}", stack_high_water());
         self.out.end_line();
         let ok = r.is_ok();
@@ -231,7 +248,14 @@ impl Sink for FwSink {
     #[inline(always)]
     fn stop(&mut self, gate: Gate, phase: Phase, token: usize) {
         let t = self.t0.wrapping_sub(self.counter.now());
-        let _ = write!(self.out, "T {} {} {} {}", gate.name(), phase_name(phase), token, t);
+        let _ = write!(
+            self.out,
+            "T {} {} {} {}",
+            gate.name(),
+            phase_name(phase),
+            token,
+            t
+        );
         self.out.end_line();
     }
 
@@ -256,7 +280,11 @@ impl Sink for FwSink {
 
 /// Ends the QEMU run: semihosting exit with success or failure.
 pub fn exit(ok: bool) -> ! {
-    debug::exit(if ok { debug::EXIT_SUCCESS } else { debug::EXIT_FAILURE });
+    debug::exit(if ok {
+        debug::EXIT_SUCCESS
+    } else {
+        debug::EXIT_FAILURE
+    });
     loop {
         cortex_m::asm::bkpt();
     }

@@ -74,7 +74,11 @@ fn main() -> ExitCode {
             println!("weights.rs matches seed {:#x}", synth::SEED);
             ExitCode::SUCCESS
         } else {
-            eprintln!("{} differs from what seed {:#x} gives: run `cargo run -p kda-embedded-gen`", path.display(), synth::SEED);
+            eprintln!(
+                "{} differs from what seed {:#x} gives: run `cargo run -p kda-embedded-gen`",
+                path.display(),
+                synth::SEED
+            );
             ExitCode::FAILURE
         }
     } else {

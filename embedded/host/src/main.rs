@@ -29,6 +29,19 @@ const TOL_MICROMATH: f64 = 5e-2;
 const INSTR_PER_TICK: f64 = 40.0;
 
 type Key = (&'static str, usize);
+/// A flash tensor: name, f32 values, int8 values and scales when quantised.
+type FlashTensor = (
+    &'static str,
+    &'static [f32],
+    Option<(&'static [i8], &'static [f32])>,
+);
+/// A mathbench run: target, variant, `M` lines, `T` ticks.
+type MathRun = (
+    String,
+    String,
+    Vec<(String, f64, String)>,
+    HashMap<String, f64>,
+);
 
 #[derive(Default)]
 struct Collect {
@@ -50,7 +63,7 @@ impl Sink for Collect {
 }
 
 /// Every flash tensor next to its name, for the bitwise comparison with the seed.
-fn flash() -> Vec<(&'static str, &'static [f32], Option<(&'static [i8], &'static [f32])>)> {
+fn flash() -> Vec<FlashTensor> {
     use weights::*;
     vec![
         ("Q_PROJ", &Q_PROJ, Some((&Q_PROJ_I8, &Q_PROJ_S))),
@@ -82,13 +95,18 @@ fn verify_weights() -> Result<(), String> {
         let mut v = vec![0.0f32; t.rows * t.cols];
         synth::draw(&mut rng, ti, &mut v);
         if v.iter().zip(f).any(|(a, b)| a.to_bits() != b.to_bits()) || v.len() != f.len() {
-            return Err(format!("{name}: flash data differs from seed {:#x}", synth::SEED));
+            return Err(format!(
+                "{name}: flash data differs from seed {:#x}",
+                synth::SEED
+            ));
         }
         if let Some((qi, qs)) = q {
             let (mut q2, mut s2) = (vec![0i8; v.len()], vec![0.0f32; t.rows]);
             quantize_rows(Data::F32(&v), t.rows, &mut q2, &mut s2).map_err(|e| e.to_string())?;
             if q2 != qi || s2.iter().zip(qs).any(|(a, b)| a.to_bits() != b.to_bits()) {
-                return Err(format!("{name}: int8 flash data differs from quantize_rows"));
+                return Err(format!(
+                    "{name}: int8 flash data differs from quantize_rows"
+                ));
             }
         }
     }
@@ -116,23 +134,38 @@ fn parse_log(text: &str) -> Log {
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.first().copied() {
             Some("KDA") => l.name = w.get(1).unwrap_or(&"").to_string(),
-            Some("CAL") if w.len() == 3 => l.cal = Some((w[1].parse().unwrap_or(0.0), w[2].parse().unwrap_or(0.0))),
+            Some("CAL") if w.len() == 3 => {
+                l.cal = Some((w[1].parse().unwrap_or(0.0), w[2].parse().unwrap_or(0.0)))
+            }
             Some("T") if w.len() == 5 => {
                 let t: f64 = w[4].parse().unwrap_or(f64::NAN);
-                l.times.entry((w[1].into(), w[2].into())).or_default().push(t);
+                l.times
+                    .entry((w[1].into(), w[2].into()))
+                    .or_default()
+                    .push(t);
             }
             Some("T") if w.len() == 3 => {
-                l.math_ticks.insert(w[1].into(), w[2].parse().unwrap_or(f64::NAN));
+                l.math_ticks
+                    .insert(w[1].into(), w[2].parse().unwrap_or(f64::NAN));
             }
             Some("O") if w.len() > 3 => {
-                let v = w[3..].iter().map(|h| f32::from_bits(u32::from_str_radix(h, 16).unwrap_or(0x7fc0_0000))).collect();
+                let v = w[3..]
+                    .iter()
+                    .map(|h| f32::from_bits(u32::from_str_radix(h, 16).unwrap_or(0x7fc0_0000)))
+                    .collect();
                 l.f.insert((w[1].into(), w[2].parse().unwrap_or(usize::MAX)), v);
             }
             Some("Q") if w.len() > 3 => {
-                let v = w[3..].iter().map(|h| u32::from_str_radix(h, 16).unwrap_or(0) as i32).collect();
+                let v = w[3..]
+                    .iter()
+                    .map(|h| u32::from_str_radix(h, 16).unwrap_or(0) as i32)
+                    .collect();
                 l.q.insert((w[1].into(), w[2].parse().unwrap_or(usize::MAX)), v);
             }
-            Some("M") if w.len() == 4 => l.math.push((w[1].into(), w[2].parse().unwrap_or(0.0), w[3].into())),
+            Some("M") if w.len() == 4 => {
+                l.math
+                    .push((w[1].into(), w[2].parse().unwrap_or(0.0), w[3].into()))
+            }
             Some("STACK") => l.stack = w.get(1).and_then(|s| s.parse().ok()),
             Some("DONE") => l.done = true,
             Some("ERR") | Some("PANIC") | Some("HARDFAULT") => l.errors.push(line.to_string()),
@@ -150,7 +183,8 @@ fn sections(path: &str) -> Result<HashMap<String, u64>, String> {
     }
     let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
-    let (shoff, shentsize, shnum, shstrndx) = (u32_at(0x20), u16_at(0x2E), u16_at(0x30), u16_at(0x32));
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u32_at(0x20), u16_at(0x2E), u16_at(0x30), u16_at(0x32));
     let sh = |i: usize| shoff + i * shentsize;
     let stroff = u32_at(sh(shstrndx) + 16);
     let mut out = HashMap::new();
@@ -178,9 +212,12 @@ fn is_float_routine(sym: &str) -> bool {
         || s.contains("__aeabi_ul2d")
         || s.contains("compiler_builtins::float")
         || s.contains("libm::")
-        || ["sf3", "df3", "sfsi", "dfsi", "sisf", "sidf", "sfdi", "disf", "sfdf2", "dfsf2", "sf2", "df2"]
-            .iter()
-            .any(|suf| s.trim_start_matches('_').starts_with("__") && s.ends_with(suf))
+        || [
+            "sf3", "df3", "sfsi", "dfsi", "sisf", "sidf", "sfdi", "disf", "sfdf2", "dfsf2", "sf2",
+            "df2",
+        ]
+        .iter()
+        .any(|suf| s.trim_start_matches('_').starts_with("__") && s.ends_with(suf))
 }
 
 struct Disasm {
@@ -200,7 +237,10 @@ fn check_disassembly(elf: &str, root: &str) -> Result<Disasm, String> {
         .output()
         .map_err(|e| format!("{objdump}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("{objdump} failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "{objdump} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     // function → (callees, fpu instructions, indirect calls)
@@ -222,7 +262,9 @@ fn check_disassembly(elf: &str, root: &str) -> Result<Disasm, String> {
                 continue;
             }
         }
-        let Some((addr, insn)) = line.trim_start().split_once(':') else { continue };
+        let Some((addr, insn)) = line.trim_start().split_once(':') else {
+            continue;
+        };
         if addr.is_empty() || !addr.bytes().all(|c| c.is_ascii_hexdigit()) {
             continue;
         }
@@ -235,7 +277,10 @@ fn check_disassembly(elf: &str, root: &str) -> Result<Disasm, String> {
         if mnem == "blx" && !insn.contains('<') {
             entry.2 += 1;
         }
-        let is_branch = mnem.starts_with('b') && !mnem.starts_with("bic") && !mnem.starts_with("bfi") && !mnem.starts_with("bfc");
+        let is_branch = mnem.starts_with('b')
+            && !mnem.starts_with("bic")
+            && !mnem.starts_with("bfi")
+            && !mnem.starts_with("bfc");
         if is_branch {
             if let (Some(a), Some(b)) = (insn.find('<'), insn.rfind('>')) {
                 let t = strip(&insn[a + 1..b]);
@@ -339,7 +384,10 @@ fn main() -> ExitCode {
     let mut text = String::new();
 
     match verify_weights() {
-        Ok(()) => println!("weights: flash data == seed {:#x} (bitwise, f32 and int8)", synth::SEED),
+        Ok(()) => println!(
+            "weights: flash data == seed {:#x} (bitwise, f32 and int8)",
+            synth::SEED
+        ),
         Err(e) => {
             println!("FAIL weights: {e}");
             ok = false;
@@ -358,7 +406,10 @@ fn main() -> ExitCode {
     let ref_i8 = flat_ref_f(&r_i8.f);
     let mut ref_fx_f = BTreeMap::new();
     for (k, v) in &r_fx.q {
-        ref_fx_f.insert(*k, v.iter().map(|&x| from_q(x, ACT_FRAC)).collect::<Vec<f32>>());
+        ref_fx_f.insert(
+            *k,
+            v.iter().map(|&x| from_q(x, ACT_FRAC)).collect::<Vec<f32>>(),
+        );
     }
     let ref_fx = flat_ref_f(&ref_fx_f);
     println!(
@@ -369,7 +420,7 @@ fn main() -> ExitCode {
     );
 
     let mut rows = Vec::new();
-    let mut math: Vec<(String, String, Vec<(String, f64, String)>, HashMap<String, f64>)> = Vec::new();
+    let mut math: Vec<MathRun> = Vec::new();
     for spec in &args {
         let parts: Vec<&str> = spec.splitn(4, ':').collect();
         if parts.len() != 4 {
@@ -397,7 +448,12 @@ fn main() -> ExitCode {
         let stack = log.stack.unwrap_or(0) as u64;
 
         if variant.starts_with("mathbench") {
-            math.push((target.into(), variant.into(), log.math.clone(), log.math_ticks.clone()));
+            math.push((
+                target.into(),
+                variant.into(),
+                log.math.clone(),
+                log.math_ticks.clone(),
+            ));
             let row_ok = fails.is_empty();
             ok &= row_ok;
             if !row_ok {
@@ -416,7 +472,12 @@ fn main() -> ExitCode {
                     match log.q.get(&(g.name().to_string(), t)) {
                         Some(got) => {
                             mism += got.iter().zip(want).filter(|(a, b)| a != b).count();
-                            got_f.insert((g.name().to_string(), t), got.iter().map(|&x| from_q(x, ACT_FRAC)).collect::<Vec<f32>>());
+                            got_f.insert(
+                                (g.name().to_string(), t),
+                                got.iter()
+                                    .map(|&x| from_q(x, ACT_FRAC))
+                                    .collect::<Vec<f32>>(),
+                            );
                         }
                         None => mism += synth::HIDDEN,
                     }
@@ -429,16 +490,30 @@ fn main() -> ExitCode {
             (rel_rms(&got, &ref_f32), format!("bit-exact vs host ({} mismatches); vs f32 path with the same int8 weights {:.1e}", mism, rel_rms(&got, &ref_i8)))
         } else {
             let micromath = variant.ends_with("-micromath");
-            let want = if variant.starts_with("i8") { &ref_i8 } else { &ref_f32 };
+            let want = if variant.starts_with("i8") {
+                &ref_i8
+            } else {
+                &ref_f32
+            };
             let got = flat_f(&log.f);
             let e = rel_rms(&got, want);
-            let exact = got.iter().zip(want.iter()).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+            let exact = got
+                .iter()
+                .zip(want.iter())
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
             let tol = if micromath { TOL_MICROMATH } else { TOL_FLOAT };
-            if !(e <= tol) {
+            if e.is_nan() || e > tol {
                 fails.push(format!("outputs rel-RMS {e:.2e} vs host > {tol:.0e}"));
             }
             let what = if micromath { "vs host libm" } else { "vs host" };
-            (rel_rms(&got, &ref_f32), format!("{what}: rel-RMS {e:.1e} (tol {tol:.0e}), {exact}/{} bit-identical", want.len()))
+            (
+                rel_rms(&got, &ref_f32),
+                format!(
+                    "{what}: rel-RMS {e:.1e} (tol {tol:.0e}), {exact}/{} bit-identical",
+                    want.len()
+                ),
+            )
         };
 
         // Instructions per decode token (mean over the decode steps of both gates).
@@ -448,11 +523,19 @@ fn main() -> ExitCode {
             if let Some(v) = log.times.get(&(g.name().to_string(), "decode".to_string())) {
                 per_gate.push(v.iter().sum::<f64>() / v.len() as f64 * INSTR_PER_TICK);
             }
-            if let Some(v) = log.times.get(&(g.name().to_string(), "prefill".to_string())) {
+            if let Some(v) = log
+                .times
+                .get(&(g.name().to_string(), "prefill".to_string()))
+            {
                 prefill.push(v.iter().sum::<f64>() * INSTR_PER_TICK);
             }
         }
-        let fmt_k = |v: &[f64]| v.iter().map(|x| format!("{:.0}k", x / 1000.0)).collect::<Vec<_>>().join(" / ");
+        let fmt_k = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{:.0}k", x / 1000.0))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
 
         // The integer path: nothing float reachable from the per-token function.
         if variant == "fixed" {
@@ -471,7 +554,10 @@ fn main() -> ExitCode {
                         d.root.rsplit("::").next().unwrap_or(""),
                         d.indirect
                     );
-                    println!("{target} fixed: reachable from {}: {:?}", d.root, d.reachable);
+                    println!(
+                        "{target} fixed: reachable from {}: {:?}",
+                        d.root, d.reachable
+                    );
                 }
                 Err(e) => fails.push(format!("disassembly: {e}")),
             }
@@ -481,7 +567,9 @@ fn main() -> ExitCode {
         if variant == "fixed" && target == "m3" {
             let ram = ram_static + stack;
             if flash > 64 * 1024 || ram > 20 * 1024 {
-                fails.push(format!("does not fit 64 KiB flash / 20 KiB RAM: flash {flash} B, RAM {ram} B"));
+                fails.push(format!(
+                    "does not fit 64 KiB flash / 20 KiB RAM: flash {flash} B, RAM {ram} B"
+                ));
             } else {
                 check += "; fits a 64 KiB flash / 20 KiB RAM Cortex-M3";
             }
@@ -496,7 +584,9 @@ fn main() -> ExitCode {
                         d.fpu_insns.len()
                     );
                 }
-                Ok(_) => fails.push("float detector control: no float found in a float build".into()),
+                Ok(_) => {
+                    fails.push("float detector control: no float found in a float build".into())
+                }
                 Err(e) => fails.push(format!("disassembly: {e}")),
             }
         }
@@ -514,8 +604,17 @@ fn main() -> ExitCode {
             variant: variant.into(),
             decode: fmt_k(&per_gate),
             prefill: fmt_k(&prefill),
-            flash: format!("{flash} ({} text + {} rodata + {} data)", g(".vector_table") + g(".text"), g(".rodata"), g(".data")),
-            ram: format!("{} ({} data+bss + {stack} stack)", ram_static + stack, ram_static),
+            flash: format!(
+                "{flash} ({} text + {} rodata + {} data)",
+                g(".vector_table") + g(".text"),
+                g(".rodata"),
+                g(".data")
+            ),
+            ram: format!(
+                "{} ({} data+bss + {stack} stack)",
+                ram_static + stack,
+                ram_static
+            ),
             err: format!("{err_f32:.1e}"),
             check,
             ok: row_ok,
@@ -528,7 +627,15 @@ fn main() -> ExitCode {
         writeln!(
             text,
             "| {} | {} | {} | {} | {} | {} | {} | {}{} |",
-            r.target, r.variant, r.decode, r.prefill, r.flash, r.ram, r.err, r.check, if r.ok { "" } else { " **FAIL**" }
+            r.target,
+            r.variant,
+            r.decode,
+            r.prefill,
+            r.flash,
+            r.ram,
+            r.err,
+            r.check,
+            if r.ok { "" } else { " **FAIL**" }
         )
         .unwrap();
     }
@@ -541,8 +648,13 @@ fn main() -> ExitCode {
                 if name == "identity" {
                     continue;
                 }
-                let n = lines.iter().find(|l| &l.0 == name).map(|l| l.1).unwrap_or(1.0);
-                let per = (ticks.get(name).copied().unwrap_or(f64::NAN) - base) * INSTR_PER_TICK / n;
+                let n = lines
+                    .iter()
+                    .find(|l| &l.0 == name)
+                    .map(|l| l.1)
+                    .unwrap_or(1.0);
+                let per =
+                    (ticks.get(name).copied().unwrap_or(f64::NAN) - base) * INSTR_PER_TICK / n;
                 writeln!(text, "| {target} | {variant} | {name} | {per:.0} | {err} |").unwrap();
             }
         }

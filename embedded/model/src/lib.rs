@@ -64,7 +64,12 @@ pub fn config(gate: Gate) -> KdaConfig {
     c
 }
 
-fn mat(name: &'static str, d: Data<'static>, r: usize, c: usize) -> Result<MatRef<'static>, KdaError> {
+fn mat(
+    name: &'static str,
+    d: Data<'static>,
+    r: usize,
+    c: usize,
+) -> Result<MatRef<'static>, KdaError> {
     MatRef::new(name, d, r, c)
 }
 
@@ -199,7 +204,11 @@ pub fn input_q16(t: usize, row: &mut [i32]) {
 
 /// The float run: for each gate, a chunked prefill of [`T_PREFILL`] tokens then
 /// [`T_DECODE`] decode steps, with `w` (f32 or int8 weights).
-pub fn run_float(w: &KdaWeights<'_>, b: &mut FloatBufs, sink: &mut impl Sink) -> Result<(), KdaError> {
+pub fn run_float(
+    w: &KdaWeights<'_>,
+    b: &mut FloatBufs,
+    sink: &mut impl Sink,
+) -> Result<(), KdaError> {
     let opts = ForwardOptions {
         isa: Some(Isa::Portable),
         ..ForwardOptions::default()
@@ -305,7 +314,11 @@ impl Default for FixedBufs {
 
 /// The integer run: for each gate, prepare the int8 weights `w`, then all [`T_ALL`] tokens
 /// one decode step at a time (the first [`T_PREFILL`] reported as prefill).
-pub fn run_fixed(w: &KdaWeights<'_>, b: &mut FixedBufs, sink: &mut impl Sink) -> Result<(), KdaError> {
+pub fn run_fixed(
+    w: &KdaWeights<'_>,
+    b: &mut FixedBufs,
+    sink: &mut impl Sink,
+) -> Result<(), KdaError> {
     for gate in Gate::ALL {
         let cfg = config(gate);
         let need = fixed::params_len(&cfg)?;
@@ -332,7 +345,11 @@ pub fn run_fixed(w: &KdaWeights<'_>, b: &mut FixedBufs, sink: &mut impl Sink) ->
             };
             sink.start();
             fixed::decode_step_fixed(&cfg, &fw, &b.x, caches, &mut b.out, &mut b.ws)?;
-            let phase = if t < T_PREFILL { Phase::Prefill } else { Phase::Decode };
+            let phase = if t < T_PREFILL {
+                Phase::Prefill
+            } else {
+                Phase::Decode
+            };
             sink.stop(gate, phase, t);
             sink.out_q16(gate, t, &b.out);
         }

@@ -277,7 +277,13 @@ fn one_chunk_body(
         let (lprev, lcur) = bl.split_at_mut(r * kd);
         let (ph, pl) = (&prev[(r - 1) * kd..], &lprev[(r - 1) * kd..]);
         let gr = &g[r * kd..(r + 1) * kd];
-        for ((((c, lc), &a), &pl), &x) in cur[..kd].iter_mut().zip(&mut lcur[..kd]).zip(ph).zip(pl).zip(gr) {
+        for ((((c, lc), &a), &pl), &x) in cur[..kd]
+            .iter_mut()
+            .zip(&mut lcur[..kd])
+            .zip(ph)
+            .zip(pl)
+            .zip(gr)
+        {
             let s = a + x;
             let bp = s - a;
             let err = (a - (s - bp)) + (x - bp);
@@ -294,7 +300,11 @@ fn one_chunk_body(
     let kg = &mut sc.kg[..l * kd];
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
-        for ((o, a), b) in qg[row.clone()].iter_mut().zip(&bh[row.clone()]).zip(&bl[row.clone()]) {
+        for ((o, a), b) in qg[row.clone()]
+            .iter_mut()
+            .zip(&bh[row.clone()])
+            .zip(&bl[row.clone()])
+        {
             *o = a + b;
         }
         diff_row(&mut kg[row.clone()], bh, bl, l - 1, r, kd);
@@ -320,7 +330,11 @@ fn one_chunk_body(
     }
     // Decay of the whole chunk, e^{b_{l−1}}, per key row.
     let ex = &mut *sc.ex;
-    for ((o, a), b) in ex.iter_mut().zip(&bh[(l - 1) * kd..]).zip(&bl[(l - 1) * kd..]) {
+    for ((o, a), b) in ex
+        .iter_mut()
+        .zip(&bh[(l - 1) * kd..])
+        .zip(&bl[(l - 1) * kd..])
+    {
         *o = a + b;
     }
     simd::exp_in_place(isa, ex);
@@ -348,7 +362,9 @@ fn one_chunk_body(
             diff_row(&mut qt[row.clone()], bh, bl, i, a0, kd);
             simd::exp_in_place(isa, &mut qt[row.clone()]);
             let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
-            for (((qt, kt), &qv), &kv) in qt[row.clone()].iter_mut().zip(&mut kt[row]).zip(qi).zip(ki) {
+            for (((qt, kt), &qv), &kv) in
+                qt[row.clone()].iter_mut().zip(&mut kt[row]).zip(qi).zip(ki)
+            {
                 let f = *qt;
                 *qt = qv * f;
                 *kt = kv * f;
@@ -367,8 +383,30 @@ fn one_chunk_body(
             }
             let kht = &mut sc.kht[..kd * cols];
             let ok0 = simd::transpose(isa, cols, kd, kh, kd, kht, cols);
-            let ok1 = simd::gemm_acc(isa, rows, cols, kd, qt, kd, kht, cols, &mut aqk[a0 * l..], l);
-            let ok2 = simd::gemm_acc(isa, rows, cols, kd, kt, kd, kht, cols, &mut nakk[a0 * l..], l);
+            let ok1 = simd::gemm_acc(
+                isa,
+                rows,
+                cols,
+                kd,
+                qt,
+                kd,
+                kht,
+                cols,
+                &mut aqk[a0 * l..],
+                l,
+            );
+            let ok2 = simd::gemm_acc(
+                isa,
+                rows,
+                cols,
+                kd,
+                kt,
+                kd,
+                kht,
+                cols,
+                &mut nakk[a0 * l..],
+                l,
+            );
             if !(ok0 && ok1 && ok2) {
                 return false;
             }
@@ -439,7 +477,18 @@ fn one_chunk_body(
     let mut a0 = 0;
     while a0 < l {
         let a1 = (a0 + SUB).min(l);
-        if !simd::gemm_acc(isa, a1 - a0, vd, a1, &aqk[a0 * l..], l, delta, vd, &mut o[a0 * vd..], vd) {
+        if !simd::gemm_acc(
+            isa,
+            a1 - a0,
+            vd,
+            a1,
+            &aqk[a0 * l..],
+            l,
+            delta,
+            vd,
+            &mut o[a0 * vd..],
+            vd,
+        ) {
             return false;
         }
         a0 = a1;
@@ -508,7 +557,14 @@ mod tests {
             .collect();
         let beta = (0..t).map(|_| 0.5 + 0.5 * rng(&mut s)).collect();
         let s0 = (0..kd * vd).map(|_| 0.5 * rng(&mut s)).collect();
-        Case { q, k, v, g, beta, s0 }
+        Case {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            s0,
+        }
     }
 
     fn rel(a: &[f32], b: &[f32]) -> f64 {
@@ -517,26 +573,62 @@ mod tests {
         (n / d.max(1e-300)).sqrt()
     }
 
-    fn run_both(c: &Case, kd: usize, vd: usize, chunk: usize, first: usize, isa: Isa) -> (f64, f64) {
+    fn run_both(
+        c: &Case,
+        kd: usize,
+        vd: usize,
+        chunk: usize,
+        first: usize,
+        isa: Isa,
+    ) -> (f64, f64) {
         let scale = 1.0 / (kd as f32).sqrt();
         let (mut vr, mut sr) = (c.v.clone(), c.s0.clone());
         let mut scr = std::vec![0.0; recurrent_scratch_len(kd, vd)];
-        recurrent_head(Isa::Portable, &c.q, &c.k, &mut vr, &c.g, &c.beta, scale, &mut sr, &mut scr).unwrap();
+        recurrent_head(
+            Isa::Portable,
+            &c.q,
+            &c.k,
+            &mut vr,
+            &c.g,
+            &c.beta,
+            scale,
+            &mut sr,
+            &mut scr,
+        )
+        .unwrap();
         let (mut vc, mut scc) = (c.v.clone(), c.s0.clone());
         let mut scr = std::vec![0.0; chunked_scratch_len(chunk, kd, vd)];
-        chunked_head(isa, &c.q, &c.k, &mut vc, &c.g, &c.beta, scale, &mut scc, chunk, first, &mut scr).unwrap();
-        assert!(vc.iter().chain(&scc).all(|x| x.is_finite()), "non-finite chunked result");
+        chunked_head(
+            isa, &c.q, &c.k, &mut vc, &c.g, &c.beta, scale, &mut scc, chunk, first, &mut scr,
+        )
+        .unwrap();
+        assert!(
+            vc.iter().chain(&scc).all(|x| x.is_finite()),
+            "non-finite chunked result"
+        );
         (rel(&vc, &vr), rel(&scc, &sr))
     }
 
     #[test]
     fn chunked_equals_recurrent_across_shapes_gates_and_paths() {
         for isa in Isa::all_supported() {
-            for &(t, kd, chunk) in &[(1usize, 16usize, 16usize), (15, 16, 16), (17, 32, 16), (63, 32, 32), (65, 64, 64), (200, 16, 64), (130, 128, 64), (100, 8, 32)] {
+            for &(t, kd, chunk) in &[
+                (1usize, 16usize, 16usize),
+                (15, 16, 16),
+                (17, 32, 16),
+                (63, 32, 32),
+                (65, 64, 64),
+                (200, 16, 64),
+                (130, 128, 64),
+                (100, 8, 32),
+            ] {
                 for gate in 0..3u8 {
                     let c = case(t, kd, kd, gate, (t * 31 + kd + gate as usize) as u64);
                     let (eo, es) = run_both(&c, kd, kd, chunk, chunk, isa);
-                    assert!(eo <= 1e-5 && es <= 1e-5, "{isa:?} T{t} K{kd} C{chunk} gate{gate}: o {eo:.2e} S {es:.2e}");
+                    assert!(
+                        eo <= 1e-5 && es <= 1e-5,
+                        "{isa:?} T{t} K{kd} C{chunk} gate{gate}: o {eo:.2e} S {es:.2e}"
+                    );
                 }
             }
         }
@@ -556,11 +648,47 @@ mod tests {
         let c = case(4, 8, 8, 0, 1);
         let (mut v, mut s) = (c.v.clone(), c.s0.clone());
         let mut scr = std::vec![0.0; 10];
-        let e = chunked_head(Isa::Portable, &c.q, &c.k, &mut v, &c.g, &c.beta, 1.0, &mut s, 16, 16, &mut scr);
+        let e = chunked_head(
+            Isa::Portable,
+            &c.q,
+            &c.k,
+            &mut v,
+            &c.g,
+            &c.beta,
+            1.0,
+            &mut s,
+            16,
+            16,
+            &mut scr,
+        );
         assert!(matches!(e, Err(KdaError::TooSmall { .. })));
-        let e = chunked_head(Isa::Portable, &c.q, &c.k, &mut v, &c.g, &c.beta, 1.0, &mut s, 0, 1, &mut scr);
+        let e = chunked_head(
+            Isa::Portable,
+            &c.q,
+            &c.k,
+            &mut v,
+            &c.g,
+            &c.beta,
+            1.0,
+            &mut s,
+            0,
+            1,
+            &mut scr,
+        );
         assert!(matches!(e, Err(KdaError::Config { .. })));
-        let e = chunked_head(Isa::Portable, &c.q[1..], &c.k, &mut v, &c.g, &c.beta, 1.0, &mut s, 16, 16, &mut scr);
+        let e = chunked_head(
+            Isa::Portable,
+            &c.q[1..],
+            &c.k,
+            &mut v,
+            &c.g,
+            &c.beta,
+            1.0,
+            &mut s,
+            16,
+            16,
+            &mut scr,
+        );
         assert!(e.is_err());
     }
 }

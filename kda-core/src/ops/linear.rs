@@ -5,7 +5,6 @@
 
 use half::{bf16, f16};
 
-
 use crate::error::{check_len, KdaError};
 use crate::simd::{self, Isa};
 use crate::weights::{Data, MatRef};
@@ -200,7 +199,9 @@ fn rows_of<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
         Data::F32(_) => {
             let mut r: [&[f32]; 4] = [&[]; 4];
             for (j, slot) in r.iter_mut().enumerate() {
-                let Data::F32(s) = w.row(pick(j)) else { return None };
+                let Data::F32(s) = w.row(pick(j)) else {
+                    return None;
+                };
                 *slot = s;
             }
             Some(RowSet::F32(r))
@@ -208,7 +209,9 @@ fn rows_of<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
         Data::Bf16(_) => {
             let mut r: [&[bf16]; 4] = [&[]; 4];
             for (j, slot) in r.iter_mut().enumerate() {
-                let Data::Bf16(s) = w.row(pick(j)) else { return None };
+                let Data::Bf16(s) = w.row(pick(j)) else {
+                    return None;
+                };
                 *slot = s;
             }
             Some(RowSet::Bf16(r))
@@ -253,9 +256,16 @@ pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Resu
     check_len("linear out", out.len(), rows * n_out)?;
     let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
     let mut scratch = [0.0f32; 4 * 96];
-    let ok = project_tile(isa, &row, rows, w, 0, n_out, &mut scratch, &mut |t, o, v| {
-        out[t * n_out + o] = v
-    });
+    let ok = project_tile(
+        isa,
+        &row,
+        rows,
+        w,
+        0,
+        n_out,
+        &mut scratch,
+        &mut |t, o, v| out[t * n_out + o] = v,
+    );
     if ok {
         Ok(())
     } else {

@@ -56,7 +56,12 @@ pub fn gated_rms_norm(
 
 /// [`gated_rms_norm`] for one row, writing the result over the gate row (same numbers).
 #[inline]
-pub(crate) fn gated_rms_norm_row_into_gate(o: &[f32], gate: &mut [f32], weight: Data<'_>, eps: f32) {
+pub(crate) fn gated_rms_norm_row_into_gate(
+    o: &[f32],
+    gate: &mut [f32],
+    weight: Data<'_>,
+    eps: f32,
+) {
     let r = rsqrt(sum_sq(o) / o.len() as f32 + eps);
     for (i, (v, g)) in o.iter().zip(gate.iter_mut()).enumerate() {
         *g = *v * r * weight.at(i) * sigmoid(*g);

@@ -126,7 +126,17 @@ pub fn recurrent_head(
         decay.copy_from_slice(&g[row.clone()]);
         simd::exp_in_place(isa, decay);
         let vrow = &mut v_o[t * vd..(t + 1) * vd];
-        fused_step(isa, state, &q[row.clone()], &k[row], vrow, decay, beta[t], scale, out);
+        fused_step(
+            isa,
+            state,
+            &q[row.clone()],
+            &k[row],
+            vrow,
+            decay,
+            beta[t],
+            scale,
+            out,
+        );
         vrow.copy_from_slice(out);
     }
     Ok(())

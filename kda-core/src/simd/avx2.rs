@@ -73,7 +73,11 @@ pub(super) unsafe fn dot(x: &[f32], w: &[f32]) -> f32 {
     let mut i = 0;
     while i + 16 <= n {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(wp.add(i)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8)), _mm256_loadu_ps(wp.add(i + 8)), acc1);
+        acc1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(xp.add(i + 8)),
+            _mm256_loadu_ps(wp.add(i + 8)),
+            acc1,
+        );
         i += 16;
     }
     if i + 8 <= n {
@@ -96,7 +100,11 @@ pub(super) unsafe fn dot_bf16(x: &[f32], w: &[bf16]) -> f32 {
     let mut i = 0;
     while i + 16 <= n {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), load_bf16(wp.add(i)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8)), load_bf16(wp.add(i + 8)), acc1);
+        acc1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(xp.add(i + 8)),
+            load_bf16(wp.add(i + 8)),
+            acc1,
+        );
         i += 16;
     }
     if i + 8 <= n {
@@ -157,7 +165,10 @@ pub(super) unsafe fn decay_predict(s: &mut [f32], decay: f32, k: f32, p: &mut [f
     while i + 8 <= n {
         let sv = _mm256_mul_ps(_mm256_loadu_ps(sp.add(i)), dv);
         _mm256_storeu_ps(sp.add(i), sv);
-        _mm256_storeu_ps(pp.add(i), _mm256_fmadd_ps(kv, sv, _mm256_loadu_ps(pp.add(i))));
+        _mm256_storeu_ps(
+            pp.add(i),
+            _mm256_fmadd_ps(kv, sv, _mm256_loadu_ps(pp.add(i))),
+        );
         i += 8;
     }
     for j in i..n {
@@ -175,7 +186,10 @@ pub(super) unsafe fn write_read(s: &mut [f32], k: f32, delta: &[f32], q: f32, o:
     while i + 8 <= n {
         let sv = _mm256_fmadd_ps(kv, _mm256_loadu_ps(dp.add(i)), _mm256_loadu_ps(sp.add(i)));
         _mm256_storeu_ps(sp.add(i), sv);
-        _mm256_storeu_ps(op.add(i), _mm256_fmadd_ps(qv, sv, _mm256_loadu_ps(op.add(i))));
+        _mm256_storeu_ps(
+            op.add(i),
+            _mm256_fmadd_ps(qv, sv, _mm256_loadu_ps(op.add(i))),
+        );
         i += 8;
     }
     for j in i..n {
@@ -192,9 +206,10 @@ unsafe fn exp8(x: __m256) -> __m256 {
     let lo = _mm256_set1_ps(-88.0);
     // max/min return their second operand when either is NaN: keep x second so NaN survives.
     let xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm256_mul_ps(xc, _mm256_set1_ps(core::f32::consts::LOG2_E)),
-    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        xc,
+        _mm256_set1_ps(core::f32::consts::LOG2_E),
+    ));
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
     let mut p = _mm256_set1_ps(1.987_569_1e-4);
@@ -568,26 +583,54 @@ pub(super) unsafe fn dot_block_bf16(
 
 /// k-blocked partial sums (see `dot_tile_partial`), f32 weights.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_partial(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &mut [f32; 96]) {
+pub(super) unsafe fn dot_partial(
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: &[&[f32]],
+    acc: &mut [f32; 96],
+) {
     tile_dispatch!(dot_tile_partial, f32, xs, ws, |x, w| (k0, k1, x, w, acc));
 }
 
 /// k-blocked partial sums, bf16 weights.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_partial_bf16(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &mut [f32; 96]) {
+pub(super) unsafe fn dot_partial_bf16(
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: &[&[bf16]],
+    acc: &mut [f32; 96],
+) {
     tile_dispatch!(dot_tile_partial, bf16, xs, ws, |x, w| (k0, k1, x, w, acc));
 }
 
 /// Reduction and tail (see `dot_tile_finish`), f32 weights.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_finish(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
+pub(super) unsafe fn dot_finish(
+    k1: usize,
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[f32]],
+    acc: &[f32; 96],
+    out: &mut [[f32; 4]; 3],
+) {
     tile_dispatch!(dot_tile_finish, f32, xs, ws, |x, w| (k1, n, x, w, acc, out));
 }
 
 /// Reduction and tail, bf16 weights.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_finish_bf16(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
-    tile_dispatch!(dot_tile_finish, bf16, xs, ws, |x, w| (k1, n, x, w, acc, out));
+pub(super) unsafe fn dot_finish_bf16(
+    k1: usize,
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[bf16]],
+    acc: &[f32; 96],
+    out: &mut [[f32; 4]; 3],
+) {
+    tile_dispatch!(dot_tile_finish, bf16, xs, ws, |x, w| (
+        k1, n, x, w, acc, out
+    ));
 }
 
 /// [`dot_partial`] over consecutive groups of 3 tokens (the last may be shorter), group `g`

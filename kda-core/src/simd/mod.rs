@@ -131,7 +131,13 @@ pub fn dot4_bf16(isa: Isa, x: [&[f32]; 4], w: &[bf16]) -> [f32; 4] {
 /// prefill (many), on any thread. Blocks outside 1..=3 × 1..=4 or slices shorter than `n`
 /// leave `out` untouched and return false.
 #[must_use]
-pub fn dot_block(isa: Isa, n: usize, xs: &[&[f32]], ws: &[&[f32]], out: &mut [[f32; 4]; 3]) -> bool {
+pub fn dot_block(
+    isa: Isa,
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[f32]],
+    out: &mut [[f32; 4]; 3],
+) -> bool {
     if !block_ok(n, xs, ws) {
         return false;
     }
@@ -172,7 +178,14 @@ pub enum Rows<'a, 'b> {
 /// multiple of 8). Chained over consecutive k-blocks and closed by [`dot_finish`], the result
 /// is bitwise [`dot_block`]'s: the same FMAs in the same order per lane.
 #[must_use]
-pub fn dot_partial(isa: Isa, k0: usize, k1: usize, xs: &[&[f32]], ws: Rows<'_, '_>, acc: &mut LaneAcc) -> bool {
+pub fn dot_partial(
+    isa: Isa,
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: Rows<'_, '_>,
+    acc: &mut LaneAcc,
+) -> bool {
     let ok = k0 <= k1 && (k1 - k0) % 8 == 0;
     match ws {
         Rows::F32(ws) if ok && block_ok(k1, xs, ws) => {
@@ -190,7 +203,14 @@ pub fn dot_partial(isa: Isa, k0: usize, k1: usize, xs: &[&[f32]], ws: Rows<'_, '
 /// [`dot_partial`] for any number of tokens, in groups of 3 (the last may be shorter), group
 /// `g` using accumulator slot `accs[96·g..96·g + 96]`.
 #[must_use]
-pub fn dot_partial_tokens(isa: Isa, k0: usize, k1: usize, xs: &[&[f32]], ws: Rows<'_, '_>, accs: &mut [f32]) -> bool {
+pub fn dot_partial_tokens(
+    isa: Isa,
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: Rows<'_, '_>,
+    accs: &mut [f32],
+) -> bool {
     let groups = xs.len().div_ceil(3);
     let ok = k0 <= k1
         && (k1 - k0) % 8 == 0
@@ -223,7 +243,15 @@ pub fn dot_partial_tokens(isa: Isa, k0: usize, k1: usize, xs: &[&[f32]], ws: Row
 
 /// Reduces the lane accumulators and adds the scalar tail `[k1, n)`.
 #[must_use]
-pub fn dot_finish(isa: Isa, k1: usize, n: usize, xs: &[&[f32]], ws: Rows<'_, '_>, acc: &LaneAcc, out: &mut [[f32; 4]; 3]) -> bool {
+pub fn dot_finish(
+    isa: Isa,
+    k1: usize,
+    n: usize,
+    xs: &[&[f32]],
+    ws: Rows<'_, '_>,
+    acc: &LaneAcc,
+    out: &mut [[f32; 4]; 3],
+) -> bool {
     let ok = k1 <= n;
     match ws {
         Rows::F32(ws) if ok && block_ok(n, xs, ws) => {
@@ -361,14 +389,21 @@ mod tests {
 
     #[test]
     fn every_path_matches_portable() {
-        std::println!("paths on this CPU: {:?}", Isa::all_supported().collect::<Vec<_>>());
+        std::println!(
+            "paths on this CPU: {:?}",
+            Isa::all_supported().collect::<Vec<_>>()
+        );
         for isa in Isa::all_supported() {
             for n in [0usize, 1, 7, 8, 15, 16, 17, 31, 33, 100, 128, 257] {
                 let x = rnd(n, 1);
                 let w = rnd(n, 2);
                 let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
                 assert!(close(dot(isa, &x, &w), portable::dot(&x, &w), 1e-5));
-                assert!(close(dot_bf16(isa, &x, &wb), portable::dot_bf16(&x, &wb), 1e-5));
+                assert!(close(
+                    dot_bf16(isa, &x, &wb),
+                    portable::dot_bf16(&x, &wb),
+                    1e-5
+                ));
                 let rows = [rnd(n, 3), rnd(n, 4), rnd(n, 5), rnd(n, 6)];
                 let r4 = dot4(isa, [&rows[0], &rows[1], &rows[2], &rows[3]], &w);
                 let r4b = dot4_bf16(isa, [&rows[0], &rows[1], &rows[2], &rows[3]], &wb);
@@ -402,7 +437,10 @@ mod tests {
             for n in [1usize, 7, 8, 9, 64, 100, 2304] {
                 let x: Vec<Vec<f32>> = (0..3).map(|t| rnd(n, 30 + t)).collect();
                 let w: Vec<Vec<f32>> = (0..4).map(|r| rnd(n, 40 + r)).collect();
-                let wb: Vec<Vec<bf16>> = w.iter().map(|r| r.iter().map(|&v| bf16::from_f32(v)).collect()).collect();
+                let wb: Vec<Vec<bf16>> = w
+                    .iter()
+                    .map(|r| r.iter().map(|&v| bf16::from_f32(v)).collect())
+                    .collect();
                 let xs: Vec<&[f32]> = x.iter().map(|v| &v[..]).collect();
                 let ws: Vec<&[f32]> = w.iter().map(|v| &v[..]).collect();
                 let wbs: Vec<&[bf16]> = wb.iter().map(|v| &v[..]).collect();
@@ -420,8 +458,20 @@ mod tests {
                             let r0 = r.min(4 - mr);
                             let mut o = [[0.0; 4]; 3];
                             let mut ob = [[0.0; 4]; 3];
-                            assert!(dot_block(isa, n, &xs[t0..t0 + mt], &ws[r0..r0 + mr], &mut o));
-                            assert!(dot_block_bf16(isa, n, &xs[t0..t0 + mt], &wbs[r0..r0 + mr], &mut ob));
+                            assert!(dot_block(
+                                isa,
+                                n,
+                                &xs[t0..t0 + mt],
+                                &ws[r0..r0 + mr],
+                                &mut o
+                            ));
+                            assert!(dot_block_bf16(
+                                isa,
+                                n,
+                                &xs[t0..t0 + mt],
+                                &wbs[r0..r0 + mr],
+                                &mut ob
+                            ));
                             assert_eq!(o[t - t0][r - r0].to_bits(), full[t][r].to_bits());
                             assert_eq!(ob[t - t0][r - r0].to_bits(), fullb[t][r].to_bits());
                         }
@@ -440,7 +490,15 @@ mod tests {
                 }
                 let (mut o, mut ob) = ([[0.0; 4]; 3], [[0.0; 4]; 3]);
                 assert!(dot_finish(isa, kfull, n, &xs, Rows::F32(&ws), &acc, &mut o));
-                assert!(dot_finish(isa, kfull, n, &xs, Rows::Bf16(&wbs), &acb, &mut ob));
+                assert!(dot_finish(
+                    isa,
+                    kfull,
+                    n,
+                    &xs,
+                    Rows::Bf16(&wbs),
+                    &acb,
+                    &mut ob
+                ));
                 for t in 0..3 {
                     for r in 0..4 {
                         assert_eq!(o[t][r].to_bits(), full_bits(&full, t, r));
@@ -457,7 +515,17 @@ mod tests {
     #[test]
     fn exp_paths_agree_and_handle_extremes() {
         let mut xs: Vec<f32> = (0..2000).map(|i| -100.0 + i as f32 * 0.0937).collect();
-        xs.extend([0.0, -0.0, -87.0, -87.6, -1000.0, 80.0, 88.0, f32::NEG_INFINITY, f32::NAN]);
+        xs.extend([
+            0.0,
+            -0.0,
+            -87.0,
+            -87.6,
+            -1000.0,
+            80.0,
+            88.0,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
         for isa in Isa::all_supported() {
             let mut y = xs.clone();
             exp_in_place(isa, &mut y);
@@ -468,7 +536,10 @@ mod tests {
                 } else if x < -87.5 {
                     assert!(v == 0.0 || (v - want).abs() < 1e-37, "{x}: {v}");
                 } else {
-                    assert!((v - want).abs() <= 2.5e-7 * want, "{isa:?} exp({x}) = {v}, libm {want}");
+                    assert!(
+                        (v - want).abs() <= 2.5e-7 * want,
+                        "{isa:?} exp({x}) = {v}, libm {want}"
+                    );
                 }
             }
         }
@@ -477,7 +548,14 @@ mod tests {
     #[test]
     fn transpose_every_shape() {
         for isa in Isa::all_supported() {
-            for &(r, c) in &[(1usize, 1usize), (8, 8), (9, 17), (16, 128), (64, 3), (3, 64)] {
+            for &(r, c) in &[
+                (1usize, 1usize),
+                (8, 8),
+                (9, 17),
+                (16, 128),
+                (64, 3),
+                (3, 64),
+            ] {
                 let src = rnd(r * (c + 1), 21);
                 let mut dst = std::vec![0.0; c * (r + 2)];
                 assert!(transpose(isa, r, c, &src, c + 1, &mut dst, r + 2));
@@ -493,7 +571,14 @@ mod tests {
     #[test]
     fn gemm_matches_triple_loop() {
         for isa in Isa::all_supported() {
-            for &(m, n, k) in &[(1usize, 1usize, 1usize), (4, 16, 8), (5, 17, 3), (16, 128, 128), (7, 33, 70), (64, 40, 9)] {
+            for &(m, n, k) in &[
+                (1usize, 1usize, 1usize),
+                (4, 16, 8),
+                (5, 17, 3),
+                (16, 128, 128),
+                (7, 33, 70),
+                (64, 40, 9),
+            ] {
                 let (lda, ldb, ldc) = (k + 2, n + 1, n + 3);
                 let a = rnd(m * lda, 11);
                 let b = rnd(k * ldb, 12);
@@ -510,7 +595,10 @@ mod tests {
                 for i in 0..m {
                     for j in 0..ldc {
                         let w = want[i * ldc + j];
-                        assert!((c[i * ldc + j] as f64 - w).abs() < 1e-4, "{isa:?} {m}x{n}x{k} [{i},{j}]");
+                        assert!(
+                            (c[i * ldc + j] as f64 - w).abs() < 1e-4,
+                            "{isa:?} {m}x{n}x{k} [{i},{j}]"
+                        );
                     }
                 }
                 assert!(!gemm_acc(isa, m, n, k, &a[..1], lda, &b, ldb, &mut c, ldc) || m * k <= 1);

@@ -98,7 +98,14 @@ pub(super) fn gemm_acc(
     }
 }
 
-pub(super) fn transpose(rows: usize, cols: usize, src: &[f32], lds: usize, dst: &mut [f32], ldd: usize) {
+pub(super) fn transpose(
+    rows: usize,
+    cols: usize,
+    src: &[f32],
+    lds: usize,
+    dst: &mut [f32],
+    ldd: usize,
+) {
     for r in 0..rows {
         for c in 0..cols {
             dst[c * ldd + r] = src[r * lds + c];
@@ -119,7 +126,10 @@ fn dot_tile<W: Copy>(
     for (t, x) in xs.iter().enumerate().take(3) {
         for (r, w) in ws.iter().enumerate().take(4) {
             let mut acc = [0.0f32; LANES];
-            for (xc, wc) in x[..full].chunks_exact(LANES).zip(w[..full].chunks_exact(LANES)) {
+            for (xc, wc) in x[..full]
+                .chunks_exact(LANES)
+                .zip(w[..full].chunks_exact(LANES))
+            {
                 for l in 0..LANES {
                     acc[l] += xc[l] * widen(wc[l]);
                 }
@@ -141,11 +151,21 @@ pub(super) fn dot_block_bf16(n: usize, xs: &[&[f32]], ws: &[&[bf16]], out: &mut 
     dot_tile(n, xs, ws, out, bf16_to_f32);
 }
 
-fn partial_tile<W: Copy>(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[W]], acc: &mut [f32; 96], widen: impl Fn(W) -> f32) {
+fn partial_tile<W: Copy>(
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: &[&[W]],
+    acc: &mut [f32; 96],
+    widen: impl Fn(W) -> f32,
+) {
     for (t, x) in xs.iter().enumerate().take(3) {
         for (r, w) in ws.iter().enumerate().take(4) {
             let a = &mut acc[(t * 4 + r) * 8..(t * 4 + r + 1) * 8];
-            for (xc, wc) in x[k0..k1].chunks_exact(LANES).zip(w[k0..k1].chunks_exact(LANES)) {
+            for (xc, wc) in x[k0..k1]
+                .chunks_exact(LANES)
+                .zip(w[k0..k1].chunks_exact(LANES))
+            {
                 for l in 0..LANES {
                     a[l] += xc[l] * widen(wc[l]);
                 }
@@ -154,7 +174,15 @@ fn partial_tile<W: Copy>(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[W]], acc: 
     }
 }
 
-fn finish_tile<W: Copy>(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[W]], acc: &[f32; 96], out: &mut [[f32; 4]; 3], widen: impl Fn(W) -> f32) {
+fn finish_tile<W: Copy>(
+    k1: usize,
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[W]],
+    acc: &[f32; 96],
+    out: &mut [[f32; 4]; 3],
+    widen: impl Fn(W) -> f32,
+) {
     for (t, x) in xs.iter().enumerate().take(3) {
         for (r, w) in ws.iter().enumerate().take(4) {
             let mut a = [0.0f32; LANES];
@@ -172,15 +200,35 @@ pub(super) fn dot_partial(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[f32]], ac
     partial_tile(k0, k1, xs, ws, acc, |v| v);
 }
 
-pub(super) fn dot_partial_bf16(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &mut [f32; 96]) {
+pub(super) fn dot_partial_bf16(
+    k0: usize,
+    k1: usize,
+    xs: &[&[f32]],
+    ws: &[&[bf16]],
+    acc: &mut [f32; 96],
+) {
     partial_tile(k0, k1, xs, ws, acc, bf16_to_f32);
 }
 
-pub(super) fn dot_finish(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
+pub(super) fn dot_finish(
+    k1: usize,
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[f32]],
+    acc: &[f32; 96],
+    out: &mut [[f32; 4]; 3],
+) {
     finish_tile(k1, n, xs, ws, acc, out, |v| v);
 }
 
-pub(super) fn dot_finish_bf16(k1: usize, n: usize, xs: &[&[f32]], ws: &[&[bf16]], acc: &[f32; 96], out: &mut [[f32; 4]; 3]) {
+pub(super) fn dot_finish_bf16(
+    k1: usize,
+    n: usize,
+    xs: &[&[f32]],
+    ws: &[&[bf16]],
+    acc: &[f32; 96],
+    out: &mut [[f32; 4]; 3],
+) {
     finish_tile(k1, n, xs, ws, acc, out, bf16_to_f32);
 }
 
@@ -193,7 +241,10 @@ pub(super) fn dot_partial_tokens<W: Copy>(
     widen: impl Fn(W) -> f32 + Copy,
 ) {
     for (g, xg) in xs.chunks(3).enumerate() {
-        if let Some(acc) = accs.get_mut(96 * g..96 * g + 96).and_then(|a| <&mut [f32; 96]>::try_from(a).ok()) {
+        if let Some(acc) = accs
+            .get_mut(96 * g..96 * g + 96)
+            .and_then(|a| <&mut [f32; 96]>::try_from(a).ok())
+        {
             partial_tile(k0, k1, xg, ws, acc, widen);
         }
     }

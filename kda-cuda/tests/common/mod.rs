@@ -150,7 +150,10 @@ pub struct Caches {
 
 impl Caches {
     pub fn zeros(cfg: &KdaConfig, n: usize) -> Caches {
-        let (s, c) = (cfg.state_len().unwrap() * n, cfg.conv_state_len().unwrap() * n);
+        let (s, c) = (
+            cfg.state_len().unwrap() * n,
+            cfg.conv_state_len().unwrap() * n,
+        );
         Caches {
             recurrent: vec![0.0; s],
             conv: [vec![0.0; c], vec![0.0; c], vec![0.0; c]],
@@ -179,14 +182,31 @@ impl Caches {
 }
 
 /// The CPU reference: token-by-token recurrence, one thread.
-pub fn cpu_forward(layer: &Layer, x: &[f32], cu: &[usize], caches: &mut Caches, init: InitialCaches) -> Vec<f32> {
+pub fn cpu_forward(
+    layer: &Layer,
+    x: &[f32],
+    cu: &[usize],
+    caches: &mut Caches,
+    init: InitialCaches,
+) -> Vec<f32> {
     let cfg = &layer.cfg;
     let opts = ForwardOptions::recurrent();
     let t = x.len() / cfg.hidden;
     let mut ws = vec![0.0; kda_core::workspace_len(cfg, &opts, t.max(1), 1).unwrap()];
     let mut out = vec![0.0; x.len()];
-    kda_core::forward_with(cfg, &layer.weights(), x, cu, caches.as_mut(), init, &mut out, &mut ws, &opts, &Serial)
-        .unwrap();
+    kda_core::forward_with(
+        cfg,
+        &layer.weights(),
+        x,
+        cu,
+        caches.as_mut(),
+        init,
+        &mut out,
+        &mut ws,
+        &opts,
+        &Serial,
+    )
+    .unwrap();
     out
 }
 
