@@ -134,17 +134,23 @@ pub(crate) fn per_token_workspace(cfg: &KdaConfig) -> Result<usize, KdaError> {
     add("workspace", w, add("workspace", rf, rg)?)
 }
 
-/// f32 elements of scratch per worker: the conv's `W−1`, the recurrence's, and the chunked
-/// kernel's when it may run.
+/// f32 elements of scratch per worker. The projection rounds and the (sequence, head) round
+/// never overlap, so the region serves both: the conv's `W−1`, the recurrence's and (when it may
+/// run) the chunked kernel's scratch, or the projection accumulators (at least
+/// [`PROJECT_MIN`]; up to [`PROJECT_SCRATCH`] when the region is that big anyway).
 fn per_worker(cfg: &KdaConfig, chunk: Option<usize>) -> Result<usize, KdaError> {
     let k = cfg.head_dim;
     let rec = add("workspace", recurrent_scratch_len(k, k), cfg.conv_width - 1)?;
-    let rec = add("workspace", rec, PROJECT_SCRATCH)?;
-    match chunk {
-        None => Ok(rec),
-        Some(c) => add("workspace", rec, chunked_scratch_len(c, k, k)),
-    }
+    let seq_head = match chunk {
+        None => rec,
+        Some(c) => add("workspace", rec, chunked_scratch_len(c, k, k))?,
+    };
+    Ok(seq_head.max(PROJECT_MIN))
 }
+
+/// Smallest projection scratch per worker: four 3 × 4 accumulator blocks (1.5 KB), enough for
+/// a decode step's tiles; prefill workspaces with chunk scratch get [`PROJECT_SCRATCH`].
+const PROJECT_MIN: usize = 4 * 96;
 
 /// f32 elements of workspace for a forward with `opts`, processing up to `block_tokens` tokens
 /// at a time on an executor with `workers` workers. (Any `block_tokens ≥ 1` gives a correct
@@ -467,7 +473,9 @@ fn run_projs(
     exec.run(total, &|task, worker| {
         // SAFETY: the scratch of worker index `worker` is used by one task at a time
         // (Executor contract), and no other round runs concurrently.
-        let Some(scratch) = (unsafe { workers.slice(worker * wk_len, PROJECT_SCRATCH) }) else {
+        let Some(scratch) =
+            (unsafe { workers.slice(worker * wk_len, wk_len.min(PROJECT_SCRATCH)) })
+        else {
             failed.set();
             return;
         };

@@ -138,7 +138,7 @@ impl<'a> MatRef<'a> {
         self.data.slice(r * self.cols, self.cols)
     }
 
-    fn expect(&self, name: &'static str, rows: usize, cols: usize) -> Result<(), KdaError> {
+    fn check_shape(&self, name: &'static str, rows: usize, cols: usize) -> Result<(), KdaError> {
         if self.rows == rows && self.cols == cols {
             Ok(())
         } else {
@@ -174,10 +174,10 @@ impl GateWeights<'_> {
         d: usize,
     ) -> Result<(), KdaError> {
         match (form, self) {
-            (GateProj::FullRank, GateWeights::FullRank(m)) => m.expect(names[0], d, hidden),
+            (GateProj::FullRank, GateWeights::FullRank(m)) => m.check_shape(names[0], d, hidden),
             (GateProj::LowRank { rank }, GateWeights::LowRank { down, up }) => {
-                down.expect(names[1], rank, hidden)?;
-                up.expect(names[2], d, rank)
+                down.check_shape(names[1], rank, hidden)?;
+                up.check_shape(names[2], d, rank)
             }
             (GateProj::FullRank, _) => Err(KdaError::Weights {
                 arg: names[0],
@@ -234,9 +234,9 @@ impl KdaWeights<'_> {
             cfg.head_dim,
             cfg.conv_width,
         );
-        self.q_proj.expect("q_proj.weight", d, hd)?;
-        self.k_proj.expect("k_proj.weight", d, hd)?;
-        self.v_proj.expect("v_proj.weight", d, hd)?;
+        self.q_proj.check_shape("q_proj.weight", d, hd)?;
+        self.k_proj.check_shape("k_proj.weight", d, hd)?;
+        self.v_proj.check_shape("v_proj.weight", d, hd)?;
         let conv = d.checked_mul(w).ok_or(KdaError::Overflow {
             what: "conv weight",
         })?;
@@ -262,7 +262,7 @@ impl KdaWeights<'_> {
             hd,
             d,
         )?;
-        self.b_proj.expect("b_proj.weight", h, hd)?;
+        self.b_proj.check_shape("b_proj.weight", h, hd)?;
         self.output_gate.validate(
             cfg.output_gate,
             ["g_proj.weight", "g_a_proj.weight", "g_b_proj.weight"],
@@ -270,7 +270,7 @@ impl KdaWeights<'_> {
             d,
         )?;
         check_len("o_norm.weight", self.o_norm.len(), k)?;
-        self.o_proj.expect("o_proj.weight", hd, d)?;
+        self.o_proj.check_shape("o_proj.weight", hd, d)?;
         Ok(())
     }
 }

@@ -39,7 +39,7 @@ const K: usize = 4;
 const W: usize = 4;
 const D: usize = H * K;
 const T: usize = 6;
-const WS: usize = 512;
+const WS: usize = 2048;
 
 fn fill(buf: &mut [f32], seed: &mut u32, scale: f32) {
     for v in buf {
@@ -104,8 +104,14 @@ fn run() -> Result<bool, kda_core::KdaError> {
     let mut x = [0f32; T * HD];
     fill(&mut x, &mut s, 1.0);
     let mut ws = [0f32; WS];
-    if forward_workspace_len(&cfg, T)? > WS {
-        return Ok(false);
+    let need = forward_workspace_len(&cfg, T)?;
+    if need > WS {
+        say("kda-nostd-check: workspace constant too small for this kda-core\n");
+        return Err(kda_core::KdaError::TooSmall {
+            arg: "workspace",
+            needed: need,
+            actual: WS,
+        });
     }
 
     let (mut st, mut c1, mut c2, mut c3) = (
