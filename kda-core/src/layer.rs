@@ -434,18 +434,19 @@ fn proj_tile(
     let cols = p.w.cols();
     let row = |t: usize| &p.x[t * p.x_ld + p.x_off..t * p.x_ld + p.x_off + cols];
     let cfg = plan.cfg;
+    // exp(A_log) of the head of the last row seen: rows arrive in order within a tile.
+    let mut head_a: (usize, Option<f32>) = (usize::MAX, None);
     let mut store = |t: usize, o: usize, v: f32| {
         let v = match p.post {
             Post::None => v,
             Post::Sigmoid => sigmoid(v),
-            Post::Decay => decay_one(
-                cfg.decay_gate,
-                plan.w.a_log,
-                plan.w.dt_bias,
-                o / cfg.head_dim,
-                o,
-                v,
-            ),
+            Post::Decay => {
+                let h = o / cfg.head_dim;
+                if head_a.0 != h {
+                    head_a = (h, plan.w.a_log.map(|a| crate::math::exp(a.at(h))));
+                }
+                decay_one(cfg.decay_gate, head_a.1, plan.w.dt_bias, o, v)
+            }
         };
         // SAFETY: tiles of different tasks cover different output rows `o`, and every
         // layout maps distinct (t, o) to distinct indices, so no element is shared.

@@ -43,23 +43,23 @@ pub fn decay_gate(
     }
     for row in raw.chunks_exact_mut(d) {
         for (i, v) in row.iter_mut().enumerate() {
-            *v = decay_one(form, a_log, dt_bias, i / head_dim, i, *v);
+            let a = a_log.map(|a| exp(a.at(i / head_dim)));
+            *v = decay_one(form, a, dt_bias, i, *v);
         }
     }
     Ok(())
 }
 
-/// The gate for one element: channel `i` of head `h` (lengths already validated).
+/// The gate for one element of channel `i`, with `a = exp(A_log[head])` precomputed (lengths
+/// already validated).
 #[inline]
 pub(crate) fn decay_one(
     form: DecayGate,
-    a_log: Option<Data<'_>>,
+    a: Option<f32>,
     dt_bias: Option<Data<'_>>,
-    h: usize,
     i: usize,
     raw: f32,
 ) -> f32 {
-    let a = a_log.map(|a| exp(a.at(h)));
     let x = raw + dt_bias.map_or(0.0, |b| b.at(i));
     match form {
         DecayGate::Softplus => -a.unwrap_or(1.0) * softplus(x),
