@@ -105,7 +105,13 @@ pub fn project_tile<'x>(
     let mut out = [[0.0f32; 4]; 3];
     // Token groups of 3 (up to 8 per block), then as many row groups of 4 as the scratch holds.
     let groups_t = tokens.div_ceil(3).clamp(1, 8);
-    let groups_o = (slots / groups_t).clamp(1, o1.saturating_sub(o0).div_ceil(4).max(1));
+    // One token group (decode): nothing to reuse across row groups, so one row group at a time
+    // keeps four sequential weight streams for the prefetchers.
+    let groups_o = if tokens <= 3 {
+        1
+    } else {
+        (slots / groups_t).clamp(1, o1.saturating_sub(o0).div_ceil(4).max(1))
+    };
     let groups_t = groups_t.min(slots);
     let generic = !matches!(w.data(), Data::F32(_) | Data::Bf16(_));
     let mut oa = o0;

@@ -86,45 +86,6 @@ macro_rules! dispatch {
     }};
 }
 
-/// `Σ x[i]·w[i]` over `min(len)` elements, in the path's fixed order.
-#[inline]
-pub fn dot(isa: Isa, x: &[f32], w: &[f32]) -> f32 {
-    let n = x.len().min(w.len());
-    let (x, w) = (&x[..n], &w[..n]);
-    dispatch!(isa, dot(x, w))
-}
-
-/// `Σ x[i]·w[i]` with bf16 `w`.
-#[inline]
-pub fn dot_bf16(isa: Isa, x: &[f32], w: &[bf16]) -> f32 {
-    let n = x.len().min(w.len());
-    let (x, w) = (&x[..n], &w[..n]);
-    dispatch!(isa, dot_bf16(x, w))
-}
-
-/// Four dot products sharing `w` (`x` holds four rows of `w.len()`): each result is bitwise the
-/// [`dot`] of that row.
-#[inline]
-pub fn dot4(isa: Isa, x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
-    let n = w.len();
-    if x.iter().any(|r| r.len() < n) {
-        return x.map(|r| dot(isa, r, w));
-    }
-    let x = x.map(|r| &r[..n]);
-    dispatch!(isa, dot4(x, w))
-}
-
-/// [`dot4`] with bf16 `w`; each result is bitwise the [`dot_bf16`] of that row.
-#[inline]
-pub fn dot4_bf16(isa: Isa, x: [&[f32]; 4], w: &[bf16]) -> [f32; 4] {
-    let n = w.len();
-    if x.iter().any(|r| r.len() < n) {
-        return x.map(|r| dot_bf16(isa, r, w));
-    }
-    let x = x.map(|r| &r[..n]);
-    dispatch!(isa, dot4_bf16(x, w))
-}
-
 /// Up to 3 tokens × 4 weight rows of dot products over the first `n` elements:
 /// `out[t][r] = Σ_i xs[t][i]·ws[r][i]`. Each result is bitwise the same whatever the block
 /// shape (1–3 × 1–4), so the projections give identical numbers for decode (one token) and
@@ -396,22 +357,6 @@ mod tests {
         for isa in Isa::all_supported() {
             for n in [0usize, 1, 7, 8, 15, 16, 17, 31, 33, 100, 128, 257] {
                 let x = rnd(n, 1);
-                let w = rnd(n, 2);
-                let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
-                assert!(close(dot(isa, &x, &w), portable::dot(&x, &w), 1e-5));
-                assert!(close(
-                    dot_bf16(isa, &x, &wb),
-                    portable::dot_bf16(&x, &wb),
-                    1e-5
-                ));
-                let rows = [rnd(n, 3), rnd(n, 4), rnd(n, 5), rnd(n, 6)];
-                let r4 = dot4(isa, [&rows[0], &rows[1], &rows[2], &rows[3]], &w);
-                let r4b = dot4_bf16(isa, [&rows[0], &rows[1], &rows[2], &rows[3]], &wb);
-                for i in 0..4 {
-                    // Bitwise equal to the single-row kernel of the same path.
-                    assert_eq!(r4[i].to_bits(), dot(isa, &rows[i], &w).to_bits());
-                    assert_eq!(r4b[i].to_bits(), dot_bf16(isa, &rows[i], &wb).to_bits());
-                }
                 let mut y1 = rnd(n, 7);
                 let mut y2 = y1.clone();
                 axpy(isa, 0.3, &x, &mut y1);

@@ -11,41 +11,8 @@ fn reduce(acc: [f32; LANES]) -> f32 {
 }
 
 #[inline(always)]
-fn dot_with<W: Copy>(x: &[f32], w: &[W], widen: impl Fn(W) -> f32) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let xc = x.chunks_exact(LANES);
-    let wc = w.chunks_exact(LANES);
-    let (xr, wr) = (xc.remainder(), wc.remainder());
-    for (xs, ws) in xc.zip(wc) {
-        for l in 0..LANES {
-            acc[l] += xs[l] * widen(ws[l]);
-        }
-    }
-    for (l, (a, b)) in xr.iter().zip(wr.iter()).enumerate() {
-        acc[l] += a * widen(*b);
-    }
-    reduce(acc)
-}
-
-#[inline(always)]
 pub(crate) fn bf16_to_f32(v: bf16) -> f32 {
     f32::from_bits((v.to_bits() as u32) << 16)
-}
-
-pub(super) fn dot(x: &[f32], w: &[f32]) -> f32 {
-    dot_with(x, w, |v| v)
-}
-
-pub(super) fn dot_bf16(x: &[f32], w: &[bf16]) -> f32 {
-    dot_with(x, w, bf16_to_f32)
-}
-
-pub(super) fn dot4(x: [&[f32]; 4], w: &[f32]) -> [f32; 4] {
-    x.map(|r| dot(r, w))
-}
-
-pub(super) fn dot4_bf16(x: [&[f32]; 4], w: &[bf16]) -> [f32; 4] {
-    x.map(|r| dot_bf16(r, w))
 }
 
 pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
