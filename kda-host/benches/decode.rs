@@ -1,5 +1,6 @@
-//! Decode-step baseline at Kimi Linear size (hidden 2304, 32 heads × 128, bf16 weights), one
-//! thread, batch 1. Reports bytes/s over the weight + state bytes one token must stream.
+//! Decode-step baseline at Kimi Linear size (hidden 2304, 32 heads × 128, bf16 weights), batch 1,
+//! on one thread and on all cores. Reports bytes/s over the weight + state bytes one token must
+//! stream (compare with `kda bench`, which also measures the machine's read bandwidth).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kda_core::KdaConfig;
@@ -17,9 +18,16 @@ fn decode(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode_kimi_linear_bf16");
     g.throughput(Throughput::Bytes(bytes as u64));
     g.sample_size(20);
-    g.bench_function("batch1_1thread", |b| {
-        b.iter(|| runner.decode(&layer, &x, &mut caches).unwrap())
-    });
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for threads in [1, cores] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        g.bench_function(format!("batch1_{threads}thread"), |b| {
+            pool.install(|| b.iter(|| runner.decode(&layer, &x, &mut caches).unwrap()))
+        });
+    }
     g.finish();
 }
 

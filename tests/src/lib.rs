@@ -308,7 +308,12 @@ impl Harness for CpuHarness {
     fn name(&self) -> &'static str {
         match self.opts.mode {
             Mode::Recurrent => "cpu-rec",
-            Mode::Chunked => "cpu-chunk",
+            Mode::Chunked => match self.opts.chunk_size {
+                16 => "cpu-chunk16",
+                32 => "cpu-chunk32",
+                64 => "cpu-chunk64",
+                _ => "cpu-chunk",
+            },
             Mode::Auto => "cpu-auto",
         }
     }
