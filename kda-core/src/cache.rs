@@ -29,15 +29,8 @@ pub struct CachesMut<'a> {
 impl<'a> CachesMut<'a> {
     /// Checks that the slices hold exactly `n` sequences' caches for `cfg`.
     pub fn validate(&self, cfg: &KdaConfig, n: usize) -> Result<(), KdaError> {
-        check_len(
-            "recurrent state",
-            self.recurrent.len(),
-            mul("recurrent state", n, cfg.state_len()?)?,
-        )?;
-        let conv = mul("conv state", n, cfg.conv_state_len()?)?;
-        check_len("conv_state_q", self.conv_q.len(), conv)?;
-        check_len("conv_state_k", self.conv_k.len(), conv)?;
-        check_len("conv_state_v", self.conv_v.len(), conv)
+        let lens = [self.conv_q.len(), self.conv_k.len(), self.conv_v.len()];
+        check_cache_lens(cfg, n, self.recurrent.len(), lens)
     }
 
     /// Zeroes every cache (a fresh sequence has zero state and zero conv history).
@@ -74,6 +67,25 @@ impl<'a> CachesMut<'a> {
             conv_v: self.conv_v,
         }
     }
+}
+
+/// Checks the lengths of `n` sequences' caches (recurrent state and q/k/v conv states, in any
+/// element type) against `cfg`, naming the slice that is wrong.
+pub(crate) fn check_cache_lens(
+    cfg: &KdaConfig,
+    n: usize,
+    recurrent: usize,
+    conv: [usize; 3],
+) -> Result<(), KdaError> {
+    check_len(
+        "recurrent state",
+        recurrent,
+        mul("recurrent state", n, cfg.state_len()?)?,
+    )?;
+    let want = mul("conv state", n, cfg.conv_state_len()?)?;
+    check_len("conv_state_q", conv[0], want)?;
+    check_len("conv_state_k", conv[1], want)?;
+    check_len("conv_state_v", conv[2], want)
 }
 
 fn transpose_blocks(

@@ -327,15 +327,8 @@ pub struct FixedCachesMut<'a> {
 impl FixedCachesMut<'_> {
     /// Checks that the slices hold exactly `n` sequences' caches for `cfg`.
     pub fn validate(&self, cfg: &KdaConfig, n: usize) -> Result<(), KdaError> {
-        check_len(
-            "recurrent state",
-            self.recurrent.len(),
-            mul("recurrent state", n, cfg.state_len()?)?,
-        )?;
-        let conv = mul("conv state", n, cfg.conv_state_len()?)?;
-        check_len("conv_state_q", self.conv_q.len(), conv)?;
-        check_len("conv_state_k", self.conv_k.len(), conv)?;
-        check_len("conv_state_v", self.conv_v.len(), conv)
+        let lens = [self.conv_q.len(), self.conv_k.len(), self.conv_v.len()];
+        crate::cache::check_cache_lens(cfg, n, self.recurrent.len(), lens)
     }
 
     /// Zeroes every cache.

@@ -166,19 +166,17 @@ pub fn chunked_head(
     let mut len = first.clamp(1, chunk);
     while c0 < t_len {
         let l = len.min(t_len - c0);
-        let ok = one_chunk(
-            isa,
-            &q[c0 * kd..(c0 + l) * kd],
-            &k[c0 * kd..(c0 + l) * kd],
-            &mut v_o[c0 * vd..(c0 + l) * vd],
-            &g[c0 * kd..(c0 + l) * kd],
-            &beta[c0..c0 + l],
+        let rows = c0 * kd..(c0 + l) * kd;
+        let inp = ChunkIn {
+            q: &q[rows.clone()],
+            k: &k[rows.clone()],
+            g: &g[rows],
+            beta: &beta[c0..c0 + l],
             scale,
-            state,
             kd,
             vd,
-            &mut sc,
-        );
+        };
+        let ok = one_chunk(isa, &inp, &mut v_o[c0 * vd..(c0 + l) * vd], state, &mut sc);
         if !ok {
             return Err(KdaError::Internal {
                 what: "chunked kernel shapes",
@@ -206,66 +204,66 @@ fn diff_row(out: &mut [f32], bh: &[f32], bl: &[f32], i: usize, j: usize, kd: usi
     }
 }
 
-/// Runs one chunk on the requested path. The AVX2 variant is the same code compiled with AVX2
-/// and FMA enabled, so its plain loops vectorise 8 wide.
-#[allow(clippy::too_many_arguments)]
-fn one_chunk(
-    isa: Isa,
-    q: &[f32],
-    k: &[f32],
-    v_o: &mut [f32],
-    g: &[f32],
-    beta: &[f32],
+/// The read-only inputs of one chunk: `q`, `k`, `g` `[l, K]`, `beta` `[l]`.
+#[derive(Clone, Copy)]
+struct ChunkIn<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
     scale: f32,
-    state: &mut [f32],
     kd: usize,
     vd: usize,
+}
+
+/// Runs one chunk on the requested path. The AVX2 variant is the same code compiled with AVX2
+/// and FMA enabled, so its plain loops vectorise 8 wide.
+fn one_chunk(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    v_o: &mut [f32],
+    state: &mut [f32],
     sc: &mut Scratch<'_>,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above); the function has no
         // other requirement (it is safe Rust compiled with those features enabled).
-        return unsafe { one_chunk_avx2(isa, q, k, v_o, g, beta, scale, state, kd, vd, sc) };
+        return unsafe { one_chunk_avx2(isa, inp, v_o, state, sc) };
     }
-    one_chunk_body(isa, q, k, v_o, g, beta, scale, state, kd, vd, sc)
+    one_chunk_body(isa, inp, v_o, state, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn one_chunk_avx2(
     isa: Isa,
-    q: &[f32],
-    k: &[f32],
+    inp: &ChunkIn<'_>,
     v_o: &mut [f32],
-    g: &[f32],
-    beta: &[f32],
-    scale: f32,
     state: &mut [f32],
-    kd: usize,
-    vd: usize,
     sc: &mut Scratch<'_>,
 ) -> bool {
-    one_chunk_body(isa, q, k, v_o, g, beta, scale, state, kd, vd, sc)
+    one_chunk_body(isa, inp, v_o, state, sc)
 }
 
 /// One chunk of `l` rows. Returns false only on an internal shape bug.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn one_chunk_body(
     isa: Isa,
-    q: &[f32],
-    k: &[f32],
+    inp: &ChunkIn<'_>,
     v_o: &mut [f32],
-    g: &[f32],
-    beta: &[f32],
-    scale: f32,
     state: &mut [f32],
-    kd: usize,
-    vd: usize,
     sc: &mut Scratch<'_>,
 ) -> bool {
+    let ChunkIn {
+        q,
+        k,
+        g,
+        beta,
+        scale,
+        kd,
+        vd,
+    } = *inp;
     let l = beta.len();
     let (bh, bl) = (&mut sc.bh[..l * kd], &mut sc.bl[..l * kd]);
 

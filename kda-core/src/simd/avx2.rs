@@ -326,47 +326,11 @@ impl Lanes for bf16 {
     }
 }
 
-/// `MT` tokens × `MR` weight rows of dot products of length `n`, each in the canonical order:
-/// one 8-lane FMA accumulator over whole 8-blocks, the fixed horizontal sum, then the scalar
-/// tail in order. Every (token, row) result is bitwise independent of `MT`, `MR`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-unsafe fn dot_tile<W: Lanes, const MT: usize, const MR: usize>(
-    n: usize,
-    xs: [*const f32; MT],
-    ws: [*const W; MR],
-    out: &mut [[f32; 4]; 3],
-) {
-    let mut acc = [[_mm256_setzero_ps(); MR]; MT];
-    let mut i = 0;
-    while i + 8 <= n {
-        let mut xv = [_mm256_setzero_ps(); MT];
-        for (t, xv) in xv.iter_mut().enumerate() {
-            *xv = _mm256_loadu_ps(xs[t].add(i));
-        }
-        for r in 0..MR {
-            let wv = W::load8(ws[r].add(i));
-            for t in 0..MT {
-                acc[t][r] = _mm256_fmadd_ps(xv[t], wv, acc[t][r]);
-            }
-        }
-        i += 8;
-    }
-    for t in 0..MT {
-        for r in 0..MR {
-            let mut s = hsum(acc[t][r]);
-            for j in i..n {
-                s += *xs[t].add(j) * (*ws[r].add(j)).widen();
-            }
-            out[t][r] = s;
-        }
-    }
-}
-
-/// The k-blocked form of `dot_tile`: lane accumulators live in `acc` between calls.
-/// `partial` adds the 8-blocks of `[k0, k1)` (a multiple of 8 long) lane-wise; `finish`
-/// reduces and adds the tail `[k1, n)`. The FMA sequence per lane is the same as
-/// `dot_tile`'s, so the results are bitwise equal.
+/// `MT` tokens × `MR` weight rows of dot products, k-blocked: lane accumulators live in `acc`
+/// between calls. `partial` adds the 8-blocks of `[k0, k1)` (a multiple of 8 long) lane-wise
+/// with one FMA chain per lane; `finish` reduces in a fixed order and adds the tail `[k1, n)` in
+/// order. Each (token, row) result is therefore bitwise independent of `MT`, `MR` and of how the
+/// reduction is cut into k-blocks.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
 unsafe fn dot_tile_partial<W: Lanes, const MT: usize, const MR: usize>(
@@ -449,76 +413,20 @@ macro_rules! tile_dispatch {
     };
 }
 
-/// Up to 3 tokens × 4 rows of f32 dot products (see `dot_tile`).
+/// Reduction and tail of one 3 × 4 block (see `dot_tile_finish`).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_block(n: usize, xs: &[&[f32]], ws: &[&[f32]], out: &mut [[f32; 4]; 3]) {
-    tile_dispatch!(dot_tile, f32, xs, ws, |x, w| (n, x, w, out));
-}
-
-/// Up to 3 tokens × 4 rows with bf16 weights (see `dot_tile`).
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_block_bf16(
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[bf16]],
-    out: &mut [[f32; 4]; 3],
-) {
-    tile_dispatch!(dot_tile, bf16, xs, ws, |x, w| (n, x, w, out));
-}
-
-/// k-blocked partial sums (see `dot_tile_partial`), f32 weights.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_partial(
-    k0: usize,
-    k1: usize,
-    xs: &[&[f32]],
-    ws: &[&[f32]],
-    acc: &mut [f32; 96],
-) {
-    tile_dispatch!(dot_tile_partial, f32, xs, ws, |x, w| (k0, k1, x, w, acc));
-}
-
-/// k-blocked partial sums, bf16 weights.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_partial_bf16(
-    k0: usize,
-    k1: usize,
-    xs: &[&[f32]],
-    ws: &[&[bf16]],
-    acc: &mut [f32; 96],
-) {
-    tile_dispatch!(dot_tile_partial, bf16, xs, ws, |x, w| (k0, k1, x, w, acc));
-}
-
-/// Reduction and tail (see `dot_tile_finish`), f32 weights.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_finish(
+pub(super) unsafe fn dot_finish<W: Lanes>(
     k1: usize,
     n: usize,
     xs: &[&[f32]],
-    ws: &[&[f32]],
+    ws: &[&[W]],
     acc: &[f32; 96],
     out: &mut [[f32; 4]; 3],
 ) {
-    tile_dispatch!(dot_tile_finish, f32, xs, ws, |x, w| (k1, n, x, w, acc, out));
+    tile_dispatch!(dot_tile_finish, W, xs, ws, |x, w| (k1, n, x, w, acc, out));
 }
 
-/// Reduction and tail, bf16 weights.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_finish_bf16(
-    k1: usize,
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[bf16]],
-    acc: &[f32; 96],
-    out: &mut [[f32; 4]; 3],
-) {
-    tile_dispatch!(dot_tile_finish, bf16, xs, ws, |x, w| (
-        k1, n, x, w, acc, out
-    ));
-}
-
-/// [`dot_partial`] over consecutive groups of 3 tokens (the last may be shorter), group `g`
+/// Partial sums over consecutive groups of 3 tokens (the last may be shorter), group `g`
 /// using accumulator slot `accs[96·g..96·g + 96]`: one call per k-block and row group.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn dot_partial_tokens<W: Lanes>(

@@ -86,42 +86,6 @@ macro_rules! dispatch {
     }};
 }
 
-/// Up to 3 tokens × 4 weight rows of dot products over the first `n` elements:
-/// `out[t][r] = Σ_i xs[t][i]·ws[r][i]`. Each result is bitwise the same whatever the block
-/// shape (1–3 × 1–4), so the projections give identical numbers for decode (one token) and
-/// prefill (many), on any thread. Blocks outside 1..=3 × 1..=4 or slices shorter than `n`
-/// leave `out` untouched and return false.
-#[must_use]
-pub fn dot_block(
-    isa: Isa,
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[f32]],
-    out: &mut [[f32; 4]; 3],
-) -> bool {
-    if !block_ok(n, xs, ws) {
-        return false;
-    }
-    (|| dispatch!(isa, dot_block(n, xs, ws, out)))();
-    true
-}
-
-/// [`dot_block`] with bf16 weights.
-#[must_use]
-pub fn dot_block_bf16(
-    isa: Isa,
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[bf16]],
-    out: &mut [[f32; 4]; 3],
-) -> bool {
-    if !block_ok(n, xs, ws) {
-        return false;
-    }
-    (|| dispatch!(isa, dot_block_bf16(n, xs, ws, out)))();
-    true
-}
-
 /// Lane accumulators of a 3 × 4 dot block (`[(t·4 + r)·8 + lane]`), kept between the
 /// k-blocks of [`dot_partial`] calls.
 pub type LaneAcc = [f32; 96];
@@ -135,34 +99,12 @@ pub enum Rows<'a, 'b> {
     Bf16(&'a [&'b [bf16]]),
 }
 
-/// Adds the whole 8-blocks of `[k0, k1)` to the lane accumulators (`k1 − k0` must be a
-/// multiple of 8). Chained over consecutive k-blocks and closed by [`dot_finish`], the result
-/// is bitwise [`dot_block`]'s: the same FMAs in the same order per lane.
-#[must_use]
-pub fn dot_partial(
-    isa: Isa,
-    k0: usize,
-    k1: usize,
-    xs: &[&[f32]],
-    ws: Rows<'_, '_>,
-    acc: &mut LaneAcc,
-) -> bool {
-    let ok = k0 <= k1 && (k1 - k0) % 8 == 0;
-    match ws {
-        Rows::F32(ws) if ok && block_ok(k1, xs, ws) => {
-            (|| dispatch!(isa, dot_partial(k0, k1, xs, ws, acc)))();
-            true
-        }
-        Rows::Bf16(ws) if ok && block_ok(k1, xs, ws) => {
-            (|| dispatch!(isa, dot_partial_bf16(k0, k1, xs, ws, acc)))();
-            true
-        }
-        _ => false,
-    }
-}
-
-/// [`dot_partial`] for any number of tokens, in groups of 3 (the last may be shorter), group
-/// `g` using accumulator slot `accs[96·g..96·g + 96]`.
+/// Dot products of up to 3 tokens × 4 weight rows per group, k-blocked: adds the whole
+/// 8-blocks of `[k0, k1)` (`k1 − k0` a multiple of 8) lane-wise to the accumulators, for any
+/// number of tokens in groups of 3 (the last may be shorter), group `g` using slot
+/// `accs[96·g..96·g + 96]`. Chained over consecutive k-blocks and closed by [`dot_finish`],
+/// each (token, row) result is bitwise the same however the reduction is cut and whatever the
+/// group shape, so decode (one token) and prefill (many), on any thread, agree exactly.
 #[must_use]
 pub fn dot_partial_tokens(
     isa: Isa,
@@ -202,7 +144,8 @@ pub fn dot_partial_tokens(
     }
 }
 
-/// Reduces the lane accumulators and adds the scalar tail `[k1, n)`.
+/// Reduces the lane accumulators of one group (1–3 tokens × 1–4 rows) and adds the scalar
+/// tail `[k1, n)`. Returns false (leaving `out` untouched) for a bad shape.
 #[must_use]
 pub fn dot_finish(
     isa: Isa,
@@ -213,14 +156,28 @@ pub fn dot_finish(
     acc: &LaneAcc,
     out: &mut [[f32; 4]; 3],
 ) -> bool {
-    let ok = k1 <= n;
+    if k1 > n {
+        return false;
+    }
     match ws {
-        Rows::F32(ws) if ok && block_ok(n, xs, ws) => {
-            (|| dispatch!(isa, dot_finish(k1, n, xs, ws, acc, out)))();
+        Rows::F32(ws) if block_ok(n, xs, ws) => {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2Fma && avx2_fma_supported() {
+                // SAFETY: AVX2+FMA present; 1–3 rows of ≥ n inputs, 1–4 weight rows (checked).
+                unsafe { avx2::dot_finish(k1, n, xs, ws, acc, out) };
+                return true;
+            }
+            portable::finish_tile(k1, n, xs, ws, acc, out, |v| v);
             true
         }
-        Rows::Bf16(ws) if ok && block_ok(n, xs, ws) => {
-            (|| dispatch!(isa, dot_finish_bf16(k1, n, xs, ws, acc, out)))();
+        Rows::Bf16(ws) if block_ok(n, xs, ws) => {
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx2Fma && avx2_fma_supported() {
+                // SAFETY: as above.
+                unsafe { avx2::dot_finish(k1, n, xs, ws, acc, out) };
+                return true;
+            }
+            portable::finish_tile(k1, n, xs, ws, acc, out, portable::bf16_to_f32);
             true
         }
         _ => false,
@@ -376,6 +333,23 @@ mod tests {
         }
     }
 
+    /// One group through `dot_partial_tokens` in k-blocks of `kstep` (0: one block), then
+    /// `dot_finish`.
+    fn block(isa: Isa, n: usize, xs: &[&[f32]], ws: Rows<'_, '_>, kstep: usize) -> [[f32; 4]; 3] {
+        let kfull = n / 8 * 8;
+        let step = if kstep == 0 { kfull.max(8) } else { kstep };
+        let mut acc = [0.0f32; 96];
+        let mut k0 = 0;
+        while k0 < kfull {
+            let k1 = (k0 + step).min(kfull);
+            assert!(dot_partial_tokens(isa, k0, k1, xs, ws, &mut acc));
+            k0 = k1;
+        }
+        let mut out = [[0.0; 4]; 3];
+        assert!(dot_finish(isa, kfull, n, xs, ws, &acc, &mut out));
+        out
+    }
+
     #[test]
     fn dot_blocks_are_shape_independent_and_match_f64() {
         for isa in Isa::all_supported() {
@@ -389,70 +363,48 @@ mod tests {
                 let xs: Vec<&[f32]> = x.iter().map(|v| &v[..]).collect();
                 let ws: Vec<&[f32]> = w.iter().map(|v| &v[..]).collect();
                 let wbs: Vec<&[bf16]> = wb.iter().map(|v| &v[..]).collect();
-                let mut full = [[0.0; 4]; 3];
-                let mut fullb = [[0.0; 4]; 3];
-                let full_bits = |m: &[[f32; 4]; 3], t: usize, r: usize| m[t][r].to_bits();
-                assert!(dot_block(isa, n, &xs, &ws, &mut full));
-                assert!(dot_block_bf16(isa, n, &xs, &wbs, &mut fullb));
+                let full = block(isa, n, &xs, Rows::F32(&ws), 0);
+                let fullb = block(isa, n, &xs, Rows::Bf16(&wbs), 0);
                 for t in 0..3 {
                     for r in 0..4 {
                         let want: f64 = (0..n).map(|i| x[t][i] as f64 * w[r][i] as f64).sum();
                         assert!((full[t][r] as f64 - want).abs() < 1e-4 * (1.0 + want.abs()));
-                        for (mt, mr) in [(1usize, 1usize), (2, 3), (3, 1), (1, 4)] {
+                        // Any block shape and any k-blocking give bitwise the same value.
+                        for (mt, mr, kstep) in
+                            [(1usize, 1usize, 16usize), (2, 3, 8), (3, 1, 0), (1, 4, 24)]
+                        {
                             let t0 = t.min(3 - mt);
                             let r0 = r.min(4 - mr);
-                            let mut o = [[0.0; 4]; 3];
-                            let mut ob = [[0.0; 4]; 3];
-                            assert!(dot_block(
-                                isa,
-                                n,
-                                &xs[t0..t0 + mt],
-                                &ws[r0..r0 + mr],
-                                &mut o
-                            ));
-                            assert!(dot_block_bf16(
-                                isa,
-                                n,
-                                &xs[t0..t0 + mt],
-                                &wbs[r0..r0 + mr],
-                                &mut ob
-                            ));
+                            let (xg, wg, wgb) =
+                                (&xs[t0..t0 + mt], &ws[r0..r0 + mr], &wbs[r0..r0 + mr]);
+                            let o = block(isa, n, xg, Rows::F32(wg), kstep);
+                            let ob = block(isa, n, xg, Rows::Bf16(wgb), kstep);
                             assert_eq!(o[t - t0][r - r0].to_bits(), full[t][r].to_bits());
                             assert_eq!(ob[t - t0][r - r0].to_bits(), fullb[t][r].to_bits());
                         }
                     }
                 }
-                // k-blocked in pieces of 16 (+ tail) equals the one-pass block, bitwise.
-                let kfull = n / 8 * 8;
-                let mut acc = [0.0f32; 96];
-                let mut acb = acc;
-                let mut k0 = 0;
-                while k0 < kfull {
-                    let k1 = (k0 + 16).min(kfull);
-                    assert!(dot_partial(isa, k0, k1, &xs, Rows::F32(&ws), &mut acc));
-                    assert!(dot_partial(isa, k0, k1, &xs, Rows::Bf16(&wbs), &mut acb));
-                    k0 = k1;
-                }
-                let (mut o, mut ob) = ([[0.0; 4]; 3], [[0.0; 4]; 3]);
-                assert!(dot_finish(isa, kfull, n, &xs, Rows::F32(&ws), &acc, &mut o));
-                assert!(dot_finish(
-                    isa,
-                    kfull,
-                    n,
-                    &xs,
-                    Rows::Bf16(&wbs),
-                    &acb,
-                    &mut ob
-                ));
-                for t in 0..3 {
-                    for r in 0..4 {
-                        assert_eq!(o[t][r].to_bits(), full_bits(&full, t, r));
-                        assert_eq!(ob[t][r].to_bits(), full_bits(&fullb, t, r));
-                    }
-                }
                 let mut o = [[0.0; 4]; 3];
-                assert!(!dot_block(isa, n + 1, &xs, &ws, &mut o));
-                assert!(!dot_block(isa, n, &[], &ws, &mut o));
+                let acc = [0.0f32; 96];
+                assert!(!dot_finish(
+                    isa,
+                    0,
+                    n + 1,
+                    &xs,
+                    Rows::F32(&ws),
+                    &acc,
+                    &mut o
+                ));
+                assert!(!dot_finish(isa, 0, n, &[], Rows::F32(&ws), &acc, &mut o));
+                let mut accs = [0.0f32; 96];
+                assert!(!dot_partial_tokens(
+                    isa,
+                    0,
+                    4,
+                    &xs,
+                    Rows::F32(&ws),
+                    &mut accs
+                ));
             }
         }
     }

@@ -80,44 +80,6 @@ pub(super) fn transpose(
     }
 }
 
-/// Canonical block order for the portable path: per (token, row) an 8-lane accumulator over
-/// whole 8-blocks, the fixed reduction, then the scalar tail in order.
-fn dot_tile<W: Copy>(
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[W]],
-    out: &mut [[f32; 4]; 3],
-    widen: impl Fn(W) -> f32,
-) {
-    let full = n / LANES * LANES;
-    for (t, x) in xs.iter().enumerate().take(3) {
-        for (r, w) in ws.iter().enumerate().take(4) {
-            let mut acc = [0.0f32; LANES];
-            for (xc, wc) in x[..full]
-                .chunks_exact(LANES)
-                .zip(w[..full].chunks_exact(LANES))
-            {
-                for l in 0..LANES {
-                    acc[l] += xc[l] * widen(wc[l]);
-                }
-            }
-            let mut s = reduce(acc);
-            for j in full..n {
-                s += x[j] * widen(w[j]);
-            }
-            out[t][r] = s;
-        }
-    }
-}
-
-pub(super) fn dot_block(n: usize, xs: &[&[f32]], ws: &[&[f32]], out: &mut [[f32; 4]; 3]) {
-    dot_tile(n, xs, ws, out, |v| v);
-}
-
-pub(super) fn dot_block_bf16(n: usize, xs: &[&[f32]], ws: &[&[bf16]], out: &mut [[f32; 4]; 3]) {
-    dot_tile(n, xs, ws, out, bf16_to_f32);
-}
-
 fn partial_tile<W: Copy>(
     k0: usize,
     k1: usize,
@@ -141,7 +103,7 @@ fn partial_tile<W: Copy>(
     }
 }
 
-fn finish_tile<W: Copy>(
+pub(super) fn finish_tile<W: Copy>(
     k1: usize,
     n: usize,
     xs: &[&[f32]],
@@ -161,42 +123,6 @@ fn finish_tile<W: Copy>(
             out[t][r] = s;
         }
     }
-}
-
-pub(super) fn dot_partial(k0: usize, k1: usize, xs: &[&[f32]], ws: &[&[f32]], acc: &mut [f32; 96]) {
-    partial_tile(k0, k1, xs, ws, acc, |v| v);
-}
-
-pub(super) fn dot_partial_bf16(
-    k0: usize,
-    k1: usize,
-    xs: &[&[f32]],
-    ws: &[&[bf16]],
-    acc: &mut [f32; 96],
-) {
-    partial_tile(k0, k1, xs, ws, acc, bf16_to_f32);
-}
-
-pub(super) fn dot_finish(
-    k1: usize,
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[f32]],
-    acc: &[f32; 96],
-    out: &mut [[f32; 4]; 3],
-) {
-    finish_tile(k1, n, xs, ws, acc, out, |v| v);
-}
-
-pub(super) fn dot_finish_bf16(
-    k1: usize,
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[bf16]],
-    acc: &[f32; 96],
-    out: &mut [[f32; 4]; 3],
-) {
-    finish_tile(k1, n, xs, ws, acc, out, bf16_to_f32);
 }
 
 pub(super) fn dot_partial_tokens<W: Copy>(
