@@ -87,7 +87,7 @@ macro_rules! dispatch {
 }
 
 /// Lane accumulators of a 3 × 4 dot block (`[(t·4 + r)·8 + lane]`), kept between the
-/// k-blocks of [`dot_partial`] calls.
+/// k-blocks of [`dot_partial_tokens`] calls.
 pub type LaneAcc = [f32; 96];
 
 /// Weights of a k-blocked dot block, f32 or bf16 rows.
