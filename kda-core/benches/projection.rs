@@ -1,23 +1,27 @@
 //! The projections as GEMM at Kimi Linear's layer shape: x `[M = 1024, 2304]` times
 //! `q_proj` `[4096, 2304]`ᵀ, f32 and bf16 weights, one thread, blocks of 256 tokens as the
-//! layer runs them. Throughput in FMAs/s, next to the FMA peak measured in `delta_rule`.
+//! layer runs them. Throughput in FMAs/s, next to the FMA peak measured in the same run.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kda_core::ops::linear::{project_tile, PROJECT_SCRATCH};
+use kda_core::ops::linear::{project_scratch_len, project_tile, PROJECT_SCRATCH};
 use kda_core::{bf16, Data, Isa, MatRef};
+
+#[path = "common/peak.rs"]
+mod peak;
+use peak::fma_peak;
 
 const M: usize = 1024;
 const N_IN: usize = 2304;
 const N_OUT: usize = 4096;
 const BLOCK: usize = 256;
 
-fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) {
+fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize) {
     for b in (0..M).step_by(BLOCK) {
         let row = |t: usize| &x[(b + t) * N_IN..(b + t + 1) * N_IN];
         let blk = &mut out[b * N_OUT..(b + BLOCK) * N_OUT];
-        let mut scratch = vec![0.0f32; PROJECT_SCRATCH];
+        let mut scratch = vec![0.0f32; scratch_len];
         // Tiles of 16 rows, as the layer hands them to its workers.
         for o0 in (0..N_OUT).step_by(16) {
             assert!(project_tile(
@@ -28,7 +32,7 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) {
                 o0,
                 o0 + 16,
                 &mut scratch,
-                &mut |t, o, v| { blk[t * N_OUT + o] = v }
+                &mut |t, o, v| blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v)
             ));
         }
     }
@@ -36,6 +40,10 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) {
 
 fn bench(c: &mut Criterion) {
     let isa = Isa::detect();
+    let mut g = c.benchmark_group("fma_peak");
+    g.throughput(Throughput::Elements(fma_peak(1).0 as u64 * 100_000));
+    g.bench_function("single_core", |b| b.iter(|| black_box(fma_peak(100_000))));
+    g.finish();
     let x: Vec<f32> = (0..M * N_IN)
         .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
         .collect();
@@ -49,8 +57,15 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     let mf = MatRef::new("w", Data::F32(&wf), N_OUT, N_IN).unwrap();
     let mb = MatRef::new("w", Data::Bf16(&wb), N_OUT, N_IN).unwrap();
-    g.bench_function("f32_weights", |b| b.iter(|| run(isa, &x, &mf, &mut out)));
-    g.bench_function("bf16_weights", |b| b.iter(|| run(isa, &x, &mb, &mut out)));
+    // Whole rows packed once per tile (what the layer's prefill workspace allows), and
+    // k-blocks of 256 packed in turn (the smaller fixed scratch).
+    let whole = project_scratch_len(N_IN, BLOCK);
+    for (name, m) in [("f32_weights", &mf), ("bf16_weights", &mb)] {
+        g.bench_function(name, |b| b.iter(|| run(isa, &x, m, &mut out, whole)));
+        g.bench_function(format!("{name}_kblocked"), |b| {
+            b.iter(|| run(isa, &x, m, &mut out, PROJECT_SCRATCH))
+        });
+    }
     g.finish();
     black_box(&out);
 }

@@ -25,7 +25,7 @@ use crate::math::sigmoid;
 use crate::ops::chunked::{chunked_head, chunked_scratch_len, MAX_CHUNK};
 use crate::ops::conv::short_conv_prefill;
 use crate::ops::gate::decay_one;
-use crate::ops::linear::{project_tile, PROJECT_SCRATCH};
+use crate::ops::linear::{project_scratch_len, project_tile, PROJECT_DIRECT_MAX, PROJECT_TOKENS};
 use crate::ops::norm::{gated_rms_norm_row_into_gate, l2_norm};
 use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
 use crate::simd::Isa;
@@ -136,20 +136,28 @@ pub(crate) fn per_token_workspace(cfg: &KdaConfig) -> Result<usize, KdaError> {
 
 /// f32 elements of scratch per worker. The projection rounds and the (sequence, head) round
 /// never overlap, so the region serves both: the conv's `W−1`, the recurrence's and (when it may
-/// run) the chunked kernel's scratch, or the projection accumulators (at least
-/// [`PROJECT_MIN`]; up to [`PROJECT_SCRATCH`] when the region is that big anyway).
-fn per_worker(cfg: &KdaConfig, chunk: Option<usize>) -> Result<usize, KdaError> {
+/// run) the chunked kernel's scratch, or the projection scratch: [`PROJECT_MIN`] when a block
+/// has at most [`PROJECT_DIRECT_MAX`] tokens (the projections read the weight rows directly),
+/// else room to pack a tile's weight rows whole for blocks of `block` tokens.
+fn per_worker(cfg: &KdaConfig, chunk: Option<usize>, block: usize) -> Result<usize, KdaError> {
     let k = cfg.head_dim;
     let rec = add("workspace", recurrent_scratch_len(k, k), cfg.conv_width - 1)?;
     let seq_head = match chunk {
         None => rec,
         Some(c) => add("workspace", rec, chunked_scratch_len(c, k, k))?,
     };
-    Ok(seq_head.max(PROJECT_MIN))
+    let proj = if block > PROJECT_DIRECT_MAX {
+        let (rf, rg) = ranks(cfg);
+        let widest = cfg.hidden.max(cfg.proj_dim_checked()?).max(rf).max(rg);
+        project_scratch_len(widest, block).max(PROJECT_MIN)
+    } else {
+        PROJECT_MIN
+    };
+    Ok(seq_head.max(proj))
 }
 
-/// Smallest projection scratch per worker: four 3 × 4 accumulator blocks (1.5 KB), enough for
-/// a decode step's tiles; prefill workspaces with chunk scratch get [`PROJECT_SCRATCH`].
+/// Smallest projection scratch per worker (1.5 KB): enough for blocks the projections run
+/// straight from the weight rows (decode).
 const PROJECT_MIN: usize = 4 * 96;
 
 /// f32 elements of workspace for a forward with `opts`, processing up to `block_tokens` tokens
@@ -167,7 +175,11 @@ pub fn workspace_len(
     opts.validate()?;
     let chunk = opts.chunks(block_tokens).then_some(opts.chunk_size);
     let per = mul("workspace", per_token_workspace(cfg)?, block_tokens.max(1))?;
-    let wk = mul("workspace", per_worker(cfg, chunk)?, workers.max(1))?;
+    let wk = mul(
+        "workspace",
+        per_worker(cfg, chunk, block_tokens.max(1))?,
+        workers.max(1),
+    )?;
     add("workspace", per, wk)
 }
 
@@ -271,7 +283,7 @@ pub fn forward_with(
         .max()
         .unwrap_or(0);
     let chunk = opts.chunks(longest).then_some(opts.chunk_size);
-    let block = block_tokens(cfg, workspace.len(), t_len, chunk, exec.workers())?;
+    let (block, wk_len) = block_tokens(cfg, workspace.len(), t_len, chunk, exec.workers())?;
     if init == InitialCaches::Zero {
         caches.reset();
     }
@@ -280,8 +292,8 @@ pub fn forward_with(
         w,
         isa,
         opts: *opts,
-        chunk,
         block,
+        wk_len,
         workers: exec.workers().max(1),
     };
     run(
@@ -331,29 +343,37 @@ pub fn decode_step_with(
     let n = rows_of("x", x.len(), cfg.hidden)?;
     check_len("out", out.len(), x.len())?;
     caches.validate(cfg, n)?;
-    let block = block_tokens(cfg, workspace.len(), n, None, exec.workers())?;
+    let (block, wk_len) = block_tokens(cfg, workspace.len(), n, None, exec.workers())?;
     let plan = Plan {
         cfg,
         w,
         isa,
         opts,
-        chunk: None,
         block,
+        wk_len,
         workers: exec.workers().max(1),
     };
     run(&plan, x, n, &|i| i, caches, out, workspace, exec)
 }
 
+/// The block size and per-worker scratch a workspace of `ws` elements allows for `tokens`
+/// tokens: the largest block whose projections get the packing scratch, grown with any room
+/// left (a block beyond [`PROJECT_TOKENS`] tokens needs no more scratch per worker).
 fn block_tokens(
     cfg: &KdaConfig,
     ws: usize,
     tokens: usize,
     chunk: Option<usize>,
     workers: usize,
-) -> Result<usize, KdaError> {
-    let fixed = mul("workspace", per_worker(cfg, chunk)?, workers.max(1))?;
+) -> Result<(usize, usize), KdaError> {
     let per = per_token_workspace(cfg)?;
-    let needed = add("workspace", fixed, per)?;
+    let workers = workers.max(1);
+    let need = |b: usize| -> Result<(usize, usize), KdaError> {
+        let wk = per_worker(cfg, chunk, b)?;
+        let fixed = mul("workspace", wk, workers)?;
+        Ok((add("workspace", fixed, mul("workspace", per, b)?)?, wk))
+    };
+    let (needed, _) = need(1)?;
     if ws < needed {
         return Err(KdaError::TooSmall {
             arg: "workspace",
@@ -361,7 +381,19 @@ fn block_tokens(
             actual: ws,
         });
     }
-    Ok(((ws - fixed) / per).min(tokens.max(1)))
+    // `need` grows with `b`: binary search for the largest block in 1..=top that fits.
+    let (mut lo, mut hi) = (1, tokens.clamp(1, PROJECT_TOKENS));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if need(mid)?.0 <= ws {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let wk = need(lo)?.1;
+    let block = ((ws - wk * workers) / per).clamp(lo, tokens.max(1));
+    Ok((block, wk))
 }
 
 /// Everything fixed for one call.
@@ -370,9 +402,9 @@ struct Plan<'p, 'w> {
     w: &'p KdaWeights<'w>,
     isa: Isa,
     opts: ForwardOptions,
-    /// Chunk size when some sequence may run chunked.
-    chunk: Option<usize>,
     block: usize,
+    /// f32 elements of scratch per worker.
+    wk_len: usize,
     workers: usize,
 }
 
@@ -417,7 +449,8 @@ struct Proj<'a, 'w> {
     post: Post,
 }
 
-const TILE: usize = 16;
+/// Output rows per projection task: 32 lets a decode tile run four FMA chains at once.
+const TILE: usize = 32;
 
 /// Computes output rows `o0..o1` of `p` for the block's `bt` tokens, with `scratch` for the
 /// projection kernel's accumulators.
@@ -436,22 +469,25 @@ fn proj_tile(
     let cfg = plan.cfg;
     // exp(A_log) of the head of the last row seen: rows arrive in order within a tile.
     let mut head_a: (usize, Option<f32>) = (usize::MAX, None);
-    let mut store = |t: usize, o: usize, v: f32| {
-        let v = match p.post {
-            Post::None => v,
-            Post::Sigmoid => sigmoid(v),
-            Post::Decay => {
-                let h = o / cfg.head_dim;
-                if head_a.0 != h {
-                    head_a = (h, plan.w.a_log.map(|a| crate::math::exp(a.at(h))));
+    let mut store = |t: usize, first: usize, vals: &[f32]| {
+        for (j, &v) in vals.iter().enumerate() {
+            let o = first + j;
+            let v = match p.post {
+                Post::None => v,
+                Post::Sigmoid => sigmoid(v),
+                Post::Decay => {
+                    let h = o / cfg.head_dim;
+                    if head_a.0 != h {
+                        head_a = (h, plan.w.a_log.map(|a| crate::math::exp(a.at(h))));
+                    }
+                    decay_one(cfg.decay_gate, head_a.1, plan.w.dt_bias, o, v)
                 }
-                decay_one(cfg.decay_gate, head_a.1, plan.w.dt_bias, o, v)
+            };
+            // SAFETY: tiles of different tasks cover different output rows `o`, and every
+            // layout maps distinct (t, o) to distinct indices, so no element is shared.
+            if !unsafe { p.out.write(p.layout.index(t, o), v) } {
+                failed.set();
             }
-        };
-        // SAFETY: tiles of different tasks cover different output rows `o`, and every
-        // layout maps distinct (t, o) to distinct indices, so no element is shared.
-        if !unsafe { p.out.write(p.layout.index(t, o), v) } {
-            failed.set();
         }
     };
     if !project_tile(plan.isa, &row, bt, &p.w, o0, o1, scratch, &mut store) {
@@ -474,9 +510,7 @@ fn run_projs(
     exec.run(total, &|task, worker| {
         // SAFETY: the scratch of worker index `worker` is used by one task at a time
         // (Executor contract), and no other round runs concurrently.
-        let Some(scratch) =
-            (unsafe { workers.slice(worker * wk_len, wk_len.min(PROJECT_SCRATCH)) })
-        else {
+        let Some(scratch) = (unsafe { workers.slice(worker * wk_len, wk_len) }) else {
             failed.set();
             return;
         };
@@ -518,7 +552,7 @@ fn run<'w>(
     let (rf, rg) = ranks(cfg);
     let (sl, cl) = (cfg.state_len()?, cfg.conv_state_len()?);
     let block = plan.block;
-    let wk_len = per_worker(cfg, plan.chunk)?;
+    let wk_len = plan.wk_len;
 
     let (q_all, rest) = workspace.split_at_mut(block * d);
     let (k_all, rest) = rest.split_at_mut(block * d);

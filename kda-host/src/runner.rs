@@ -64,7 +64,7 @@ pub struct Runner {
 
 impl Default for Runner {
     fn default() -> Self {
-        Runner::new(64)
+        Runner::new(256)
     }
 }
 

@@ -1,12 +1,14 @@
 //! Projections: `out[t, o] = Σ_i x[t, i] · W[o, i]` with `W` in checkpoint layout `[out, in]`.
 //!
-//! Accumulation is in f32 with eight independent partial sums (a fixed order, so every call
-//! with the same inputs gives bitwise the same answer, and the compiler vectorises the loop).
+//! f32 and bf16 weights (every fast path) accumulate each output as one f32 chain over the
+//! reduction in order, the order BLAS micro-kernels use: [`project_tile`] runs prefill as a
+//! packed GEMM and decode straight from the rows, with bitwise the same result. f16 and int8
+//! weights take [`dot`], eight partial sums in a fixed order.
 
 use half::{bf16, f16};
 
 use crate::error::{check_len, KdaError};
-use crate::simd::{self, Isa};
+use crate::simd::{self, Isa, DIRECT, PANEL};
 use crate::weights::{Data, MatRef};
 
 const LANES: usize = 8;
@@ -68,23 +70,40 @@ pub fn dot(x: &[f32], w: Data<'_>) -> f32 {
     }
 }
 
-/// f32 elements of accumulator scratch that lets [`project_tile`] keep 16 weight rows × 24
-/// tokens in flight (its best blocking); any multiple of 96 down to 96 also works.
-pub const PROJECT_SCRATCH: usize = 32 * 96;
+/// Reduction steps per packed panel: 16 rows × 256 in f32 is 16 KB, half of a typical L1.
+const KC: usize = 256;
+/// Tokens one packed panel serves at a time (their accumulators, 16 KB, stay in cache beside
+/// the panel's current k-block).
+pub const PROJECT_TOKENS: usize = 256;
+const TB: usize = PROJECT_TOKENS;
+/// Up to this many tokens a tile runs straight from the weight rows: packing only pays when
+/// several register blocks of tokens reuse the panel.
+pub const PROJECT_DIRECT_MAX: usize = 4;
+const DIRECT_MAX: usize = PROJECT_DIRECT_MAX;
 
-/// Reduction elements per k-block: the tile's weight rows (16 × 1 KB in f32) and a token
-/// group's inputs stay in L1 while the lane accumulators persist in `scratch` between blocks.
-const KB: usize = 1024;
+/// f32 elements of scratch that lets [`project_tile`] run at full speed: a packed panel of
+/// 16 rows × 256 reduction steps and the accumulators of 256 tokens. Less also works (down
+/// to none for up to four tokens at a time), with the same result bitwise.
+pub const PROJECT_SCRATCH: usize = PANEL * (KC + TB);
+
+/// f32 elements of scratch for [`project_tile`] to pack a tile's rows whole (each weight
+/// row read once, start to end, per call) for inputs of `n_in` columns and `tokens` tokens;
+/// the fastest setting for prefill.
+pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
+    PANEL.saturating_mul(n_in.saturating_add(tokens.min(TB)))
+}
 
 /// Computes weight rows `o0..o1` of `x · Wᵀ` for `tokens` input rows (`row(t)` gives row `t`,
-/// at least `W.cols` long) and hands each value to `store(t, o, v)`.
+/// at least `W.cols` long) and hands the values to `store(t, o, vals)`: outputs `o..o +
+/// vals.len()` of token `t` (up to 16 at a time).
 ///
-/// Register blocks of 3 tokens × 4 weight rows, each (token, row) an 8-lane FMA chain over
-/// the reduction; the reduction is cut into k-blocks of 256 with the lane accumulators parked
-/// in `scratch` (≥ 96 elements; [`PROJECT_SCRATCH`] for full speed) between blocks. Every
-/// value is bitwise the same for any `o0..o1` split, any `tokens`, and any scratch size, so
-/// decode and prefill, and any thread count, agree exactly. Returns false if a row or the
-/// scratch is too short (an internal bug).
+/// With more than four tokens and enough `scratch`, rows go 16 at a time: each k-block of
+/// the 16 rows is packed once (bf16 widened) into a panel that every 6-token register block
+/// streams through (a BLIS-style GEMM); otherwise rows go 32 at a time straight from the
+/// weights, transposed in registers. Both compute each output as one in-order chain over the reduction (see
+/// [`simd::panel_fma`]), so every value is bitwise the same for any `o0..o1` split, any
+/// `tokens`, and any scratch size: decode and prefill, and any thread count, agree exactly.
+/// Returns false if a row is too short (an internal bug).
 #[allow(clippy::too_many_arguments)]
 pub fn project_tile<'x>(
     isa: Isa,
@@ -94,99 +113,153 @@ pub fn project_tile<'x>(
     o0: usize,
     o1: usize,
     scratch: &mut [f32],
-    store: &mut dyn FnMut(usize, usize, f32),
+    store: &mut dyn FnMut(usize, usize, &[f32]),
 ) -> bool {
-    let slots = scratch.len() / 96;
-    if slots == 0 {
-        return false;
+    if !matches!(w.data(), Data::F32(_) | Data::Bf16(_)) {
+        for o in o0..o1 {
+            for t in 0..tokens {
+                store(t, o, &[dot(row(t), w.row(o))]);
+            }
+        }
+        return true;
     }
     let n = w.cols();
-    let kfull = n / 8 * 8;
-    let mut out = [[0.0f32; 4]; 3];
-    // Token groups of 3 (up to 8 per block), then as many row groups of 4 as the scratch holds.
-    let groups_t = tokens.div_ceil(3).clamp(1, 8);
-    // One token group (decode): nothing to reuse across row groups, so one row group at a time
-    // keeps four sequential weight streams for the prefetchers.
-    let groups_o = if tokens <= 3 {
-        1
-    } else {
-        (slots / groups_t).clamp(1, o1.saturating_sub(o0).div_ceil(4).max(1))
-    };
-    let groups_t = groups_t.min(slots);
-    let generic = !matches!(w.data(), Data::F32(_) | Data::Bf16(_));
-    let mut oa = o0;
-    while oa < o1 {
-        let ob = (oa + 4 * groups_o).min(o1);
-        let mut ta = 0;
-        while ta < tokens {
-            let tb = (ta + 3 * groups_t).min(tokens);
-            if generic {
-                for o in oa..ob {
-                    for t in ta..tb {
-                        store(t, o, dot(row(t), w.row(o)));
+    let pack = tokens > DIRECT_MAX && n > 0 && scratch.len() >= PANEL * (64 + 6);
+    let group = if pack { PANEL } else { DIRECT };
+    let mut o = o0;
+    while o < o1 {
+        let mr = (o1 - o).min(group);
+        let Some(set) = rows_of(w, o, mr) else {
+            return false;
+        };
+        let ws = set.prefix(mr);
+        let mut put = |t: usize, vals: &[f32]| store(t, o, vals);
+        let ok = if pack {
+            // The next 16 rows (this call's or the next tile's), fetched while this tile
+            // computes: the pack of a tile otherwise waits on memory.
+            let next = o + mr..(o + mr + PANEL).min(w.rows());
+            let fetch = |k0: usize, k1: usize| {
+                for r in next.clone() {
+                    match w.row(r) {
+                        Data::F32(v) => simd::prefetch(&v[k0..k1]),
+                        Data::Bf16(v) => simd::prefetch(&v[k0..k1]),
+                        _ => {}
                     }
                 }
-                ta = tb;
-                continue;
-            }
-            let mut xs: [&[f32]; 24] = [&[]; 24];
-            for (i, x) in xs.iter_mut().enumerate().take(tb - ta) {
-                *x = row(ta + i);
-            }
-            let xs = &xs[..tb - ta];
-            let per_o = 96 * (tb - ta).div_ceil(3);
-            scratch[..per_o * (ob - oa).div_ceil(4)].fill(0.0);
-            let mut k0 = 0;
-            while k0 < kfull {
-                let k1 = (k0 + KB).min(kfull);
-                let (mut o, mut go) = (oa, 0);
-                while o < ob {
-                    let mr = (ob - o).min(4);
-                    let Some(ws) = rows_of(w, o, mr) else {
-                        return false;
-                    };
-                    let accs = &mut scratch[go * per_o..(go + 1) * per_o];
-                    if !simd::dot_partial_tokens(isa, k0, k1, xs, ws.prefix(mr), accs) {
-                        return false;
-                    }
-                    o += mr;
-                    go += 1;
-                }
-                k0 = k1;
-            }
-            let (mut o, mut go) = (oa, 0);
-            while o < ob {
-                let mr = (ob - o).min(4);
-                let Some(ws) = rows_of(w, o, mr) else {
-                    return false;
-                };
-                for (g, xg) in xs.chunks(3).enumerate() {
-                    let Some(acc) = slot_of(scratch, go * per_o / 96 + g) else {
-                        return false;
-                    };
-                    if !simd::dot_finish(isa, kfull, n, xg, ws.prefix(mr), acc, &mut out) {
-                        return false;
-                    }
-                    for (i, r) in out.iter().enumerate().take(xg.len()) {
-                        for (j, v) in r.iter().enumerate().take(mr) {
-                            store(ta + 3 * g + i, o + j, *v);
-                        }
-                    }
-                }
-                o += mr;
-                go += 1;
-            }
-            ta = tb;
+            };
+            packed(isa, row, tokens, n, ws, mr, scratch, &fetch, &mut put)
+        } else {
+            direct(isa, row, tokens, n, ws, mr, &mut put)
+        };
+        if !ok {
+            return false;
         }
-        oa = ob;
+        o += mr;
     }
     true
 }
 
-/// Up to four weight rows as typed slices.
+/// Up to 32 rows straight from the weight rows, up to four tokens at a time.
+fn direct<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [f32],
+    tokens: usize,
+    n: usize,
+    ws: simd::Rows<'_, '_>,
+    mr: usize,
+    put: &mut dyn FnMut(usize, &[f32]),
+) -> bool {
+    let mut acc = [0.0f32; DIRECT * DIRECT_MAX];
+    let mut t0 = 0;
+    while t0 < tokens {
+        let m = (tokens - t0).min(DIRECT_MAX);
+        let xs: [&[f32]; DIRECT_MAX] =
+            core::array::from_fn(|i| if i < m { row(t0 + i) } else { &[] });
+        acc.fill(0.0);
+        if !simd::rows_fma(isa, &xs[..m], ws, 0, n, &mut acc) {
+            return false;
+        }
+        for (i, a) in acc.chunks_exact(DIRECT).take(m).enumerate() {
+            put(t0 + i, &a[..mr]);
+        }
+        t0 += m;
+    }
+    true
+}
+
+/// One tile of up to 16 rows as a packed GEMM: per k-block, one panel for up to [`TB`] tokens.
+#[allow(clippy::too_many_arguments)]
+fn packed<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [f32],
+    tokens: usize,
+    n: usize,
+    ws: simd::Rows<'_, '_>,
+    mr: usize,
+    scratch: &mut [f32],
+    fetch: &dyn Fn(usize, usize),
+    put: &mut dyn FnMut(usize, &[f32]),
+) -> bool {
+    let avail = scratch.len() / PANEL;
+    // With room for the whole reduction, the tile's rows are packed once, read start to end
+    // (long streams for the prefetchers), and serve every token; else one k-block at a time.
+    let whole = avail >= n + 6;
+    let tb = if whole {
+        tokens.min(TB).min(avail - n)
+    } else {
+        tokens.min(TB).min(avail.saturating_sub(KC.min(n))).max(6)
+    };
+    let kc = if whole {
+        n
+    } else {
+        (avail - tb).clamp(1, KC).min(n)
+    };
+    let (acc_all, rest) = scratch.split_at_mut(tb * PANEL);
+    let panel = &mut rest[..kc * PANEL];
+    if whole && !simd::pack_panel(isa, ws, 0, n, panel) {
+        return false;
+    }
+    let step = if whole { KC } else { kc };
+    let mut xs: [&[f32]; TB] = [&[]; TB];
+    let mut t0 = 0;
+    while t0 < tokens {
+        let m = (tokens - t0).min(tb);
+        for (i, x) in xs.iter_mut().enumerate().take(m) {
+            *x = row(t0 + i);
+        }
+        let acc = &mut acc_all[..m * PANEL];
+        acc.fill(0.0);
+        let mut k0 = 0;
+        while k0 < n {
+            let k1 = (k0 + step).min(n);
+            let block = if whole {
+                &panel[k0 * PANEL..k1 * PANEL]
+            } else {
+                if !simd::pack_panel(isa, ws, k0, k1, panel) {
+                    return false;
+                }
+                &panel[..]
+            };
+            if t0 == 0 {
+                fetch(k0, k1);
+            }
+            if !simd::panel_fma(isa, &xs[..m], k0, k1, block, acc) {
+                return false;
+            }
+            k0 = k1;
+        }
+        for (i, a) in acc.chunks_exact(PANEL).enumerate() {
+            put(t0 + i, &a[..mr]);
+        }
+        t0 += m;
+    }
+    true
+}
+
+/// Up to 32 weight rows as typed slices.
 enum RowSet<'w> {
-    F32([&'w [f32]; 4]),
-    Bf16([&'w [bf16]; 4]),
+    F32([&'w [f32]; DIRECT]),
+    Bf16([&'w [bf16]; DIRECT]),
 }
 
 impl<'w> RowSet<'w> {
@@ -198,12 +271,12 @@ impl<'w> RowSet<'w> {
     }
 }
 
-/// Rows `o..o+mr` of `w` (the last repeated to fill four).
+/// Rows `o..o+mr` of `w` (`1 ≤ mr ≤ 32`).
 fn rows_of<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
     let pick = |j: usize| o + j.min(mr.max(1) - 1);
     match w.data() {
         Data::F32(_) => {
-            let mut r: [&[f32]; 4] = [&[]; 4];
+            let mut r: [&[f32]; DIRECT] = [&[]; DIRECT];
             for (j, slot) in r.iter_mut().enumerate() {
                 let Data::F32(s) = w.row(pick(j)) else {
                     return None;
@@ -213,7 +286,7 @@ fn rows_of<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
             Some(RowSet::F32(r))
         }
         Data::Bf16(_) => {
-            let mut r: [&[bf16]; 4] = [&[]; 4];
+            let mut r: [&[bf16]; DIRECT] = [&[]; DIRECT];
             for (j, slot) in r.iter_mut().enumerate() {
                 let Data::Bf16(s) = w.row(pick(j)) else {
                     return None;
@@ -224,11 +297,6 @@ fn rows_of<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
         }
         _ => None,
     }
-}
-
-/// Accumulator slot `slot` of the scratch.
-fn slot_of(scratch: &mut [f32], slot: usize) -> Option<&mut simd::LaneAcc> {
-    scratch.get_mut(slot * 96..(slot + 1) * 96)?.try_into().ok()
 }
 
 /// `out = x · Wᵀ` for `rows` input rows: `x` is `[rows, W.cols]`, `out` is `[rows, W.rows]`.
@@ -261,7 +329,7 @@ pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Resu
     let rows = x.len() / n_in;
     check_len("linear out", out.len(), rows * n_out)?;
     let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
-    let mut scratch = [0.0f32; 4 * 96];
+    let mut scratch = [0.0f32; PANEL * 64];
     let ok = project_tile(
         isa,
         &row,
@@ -270,7 +338,7 @@ pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Resu
         0,
         n_out,
         &mut scratch,
-        &mut |t, o, v| out[t * n_out + o] = v,
+        &mut |t, o, v| out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v),
     );
     if ok {
         Ok(())

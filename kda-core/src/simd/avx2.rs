@@ -6,21 +6,9 @@ use core::arch::x86_64::*;
 
 use half::bf16;
 
-/// Horizontal sum of 8 lanes in a fixed order.
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps::<1>(v);
-    let s = _mm_add_ps(lo, hi); // [0+4, 1+5, 2+6, 3+7]
-    let sh = _mm_movehl_ps(s, s); // [2+6, 3+7, ..]
-    let s2 = _mm_add_ps(s, sh); // [(0+4)+(2+6), (1+5)+(3+7)]
-    let s3 = _mm_shuffle_ps::<0b01>(s2, s2);
-    _mm_cvtss_f32(_mm_add_ss(s2, s3))
-}
-
 /// Loads 8 bf16 values at `p` widened to f32.
 #[inline(always)]
-unsafe fn load_bf16(p: *const bf16) -> __m256 {
+pub(super) unsafe fn load_bf16(p: *const bf16) -> __m256 {
     let h = _mm_loadu_si128(p as *const __m128i);
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
 }
@@ -237,6 +225,38 @@ pub(super) unsafe fn gemm_acc(
     }
 }
 
+/// Transposes an 8×8 block held as 8 row vectors into 8 column vectors (unpack, shuffle,
+/// lane permute: 24 shuffles).
+#[inline(always)]
+pub(super) unsafe fn transpose8(a: [__m256; 8]) -> [__m256; 8] {
+    let t0 = _mm256_unpacklo_ps(a[0], a[1]);
+    let t1 = _mm256_unpackhi_ps(a[0], a[1]);
+    let t2 = _mm256_unpacklo_ps(a[2], a[3]);
+    let t3 = _mm256_unpackhi_ps(a[2], a[3]);
+    let t4 = _mm256_unpacklo_ps(a[4], a[5]);
+    let t5 = _mm256_unpackhi_ps(a[4], a[5]);
+    let t6 = _mm256_unpacklo_ps(a[6], a[7]);
+    let t7 = _mm256_unpackhi_ps(a[6], a[7]);
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
+}
+
 /// 8×8 tiles transposed in registers (unpack / shuffle / lane permute), scalar edges.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn transpose(
@@ -253,33 +273,12 @@ pub(super) unsafe fn transpose(
     while r < r8 {
         let mut c = 0;
         while c < c8 {
-            let l = |i: usize| _mm256_loadu_ps(sp.add((r + i) * lds + c));
-            let (a0, a1, a2, a3, a4, a5, a6, a7) = (l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7));
-            let t0 = _mm256_unpacklo_ps(a0, a1);
-            let t1 = _mm256_unpackhi_ps(a0, a1);
-            let t2 = _mm256_unpacklo_ps(a2, a3);
-            let t3 = _mm256_unpackhi_ps(a2, a3);
-            let t4 = _mm256_unpacklo_ps(a4, a5);
-            let t5 = _mm256_unpackhi_ps(a4, a5);
-            let t6 = _mm256_unpacklo_ps(a6, a7);
-            let t7 = _mm256_unpackhi_ps(a6, a7);
-            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-            let s = |i: usize, v: __m256| _mm256_storeu_ps(dp.add((c + i) * ldd + r), v);
-            s(0, _mm256_permute2f128_ps::<0x20>(u0, u4));
-            s(1, _mm256_permute2f128_ps::<0x20>(u1, u5));
-            s(2, _mm256_permute2f128_ps::<0x20>(u2, u6));
-            s(3, _mm256_permute2f128_ps::<0x20>(u3, u7));
-            s(4, _mm256_permute2f128_ps::<0x31>(u0, u4));
-            s(5, _mm256_permute2f128_ps::<0x31>(u1, u5));
-            s(6, _mm256_permute2f128_ps::<0x31>(u2, u6));
-            s(7, _mm256_permute2f128_ps::<0x31>(u3, u7));
+            let cols = transpose8(core::array::from_fn(|i| {
+                _mm256_loadu_ps(sp.add((r + i) * lds + c))
+            }));
+            for (i, v) in cols.iter().enumerate() {
+                _mm256_storeu_ps(dp.add((c + i) * ldd + r), *v);
+            }
             c += 8;
         }
         for cc in c8..cols {
@@ -293,151 +292,5 @@ pub(super) unsafe fn transpose(
         for cc in 0..cols {
             *dp.add(cc * ldd + rr) = *sp.add(rr * lds + cc);
         }
-    }
-}
-
-/// A weight element type the block kernel can load 8 at a time.
-pub(super) trait Lanes: Copy {
-    /// 8 elements at `p` widened to f32.
-    unsafe fn load8(p: *const Self) -> __m256;
-    /// One element widened to f32.
-    fn widen(self) -> f32;
-}
-
-impl Lanes for f32 {
-    #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
-        _mm256_loadu_ps(p)
-    }
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        self
-    }
-}
-
-impl Lanes for bf16 {
-    #[inline(always)]
-    unsafe fn load8(p: *const bf16) -> __m256 {
-        load_bf16(p)
-    }
-    #[inline(always)]
-    fn widen(self) -> f32 {
-        super::portable::bf16_to_f32(self)
-    }
-}
-
-/// `MT` tokens × `MR` weight rows of dot products, k-blocked: lane accumulators live in `acc`
-/// between calls. `partial` adds the 8-blocks of `[k0, k1)` (a multiple of 8 long) lane-wise
-/// with one FMA chain per lane; `finish` reduces in a fixed order and adds the tail `[k1, n)` in
-/// order. Each (token, row) result is therefore bitwise independent of `MT`, `MR` and of how the
-/// reduction is cut into k-blocks.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-unsafe fn dot_tile_partial<W: Lanes, const MT: usize, const MR: usize>(
-    k0: usize,
-    k1: usize,
-    xs: [*const f32; MT],
-    ws: [*const W; MR],
-    acc: &mut [f32; 96],
-) {
-    let mut a = [[_mm256_setzero_ps(); MR]; MT];
-    for t in 0..MT {
-        for r in 0..MR {
-            a[t][r] = _mm256_loadu_ps(acc.as_ptr().add((t * 4 + r) * 8));
-        }
-    }
-    let mut i = k0;
-    while i + 8 <= k1 {
-        let mut xv = [_mm256_setzero_ps(); MT];
-        for (t, xv) in xv.iter_mut().enumerate() {
-            *xv = _mm256_loadu_ps(xs[t].add(i));
-        }
-        for r in 0..MR {
-            let wv = W::load8(ws[r].add(i));
-            for t in 0..MT {
-                a[t][r] = _mm256_fmadd_ps(xv[t], wv, a[t][r]);
-            }
-        }
-        i += 8;
-    }
-    for t in 0..MT {
-        for r in 0..MR {
-            _mm256_storeu_ps(acc.as_mut_ptr().add((t * 4 + r) * 8), a[t][r]);
-        }
-    }
-}
-
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-unsafe fn dot_tile_finish<W: Lanes, const MT: usize, const MR: usize>(
-    k1: usize,
-    n: usize,
-    xs: [*const f32; MT],
-    ws: [*const W; MR],
-    acc: &[f32; 96],
-    out: &mut [[f32; 4]; 3],
-) {
-    for t in 0..MT {
-        for r in 0..MR {
-            let mut s = hsum(_mm256_loadu_ps(acc.as_ptr().add((t * 4 + r) * 8)));
-            for j in k1..n {
-                s += *xs[t].add(j) * (*ws[r].add(j)).widen();
-            }
-            out[t][r] = s;
-        }
-    }
-}
-
-/// Calls `$f::<$w, MT, MR> $args` for the block shape (MT × MR) of `$xs` × `$ws`, with `$x`
-/// and `$wp` bound to the row pointer arrays.
-macro_rules! tile_dispatch {
-    ($f:ident, $w:ty, $xs:expr, $ws:expr, |$x:ident, $wp:ident| $args:tt) => {{
-        let (xs, ws) = ($xs, $ws);
-        tile_dispatch!(@t $f, $w, xs, ws, $x, $wp, $args, [1, 2, 3]);
-    }};
-    (@t $f:ident, $w:ty, $xs:ident, $ws:ident, $x:ident, $wp:ident, $args:tt, [$($mt:literal),*]) => {
-        match $xs.len() {
-            $( $mt => tile_dispatch!(@r $f, $w, $xs, $ws, $x, $wp, $args, $mt, [1, 2, 3, 4]), )*
-            _ => {}
-        }
-    };
-    (@r $f:ident, $w:ty, $xs:ident, $ws:ident, $x:ident, $wp:ident, $args:tt, $mt:literal, [$($mr:literal),*]) => {
-        match $ws.len() {
-            $( $mr => {
-                let $x: [*const f32; $mt] = core::array::from_fn(|t| $xs[t].as_ptr());
-                let $wp: [*const $w; $mr] = core::array::from_fn(|r| $ws[r].as_ptr());
-                $f::<$w, $mt, $mr> $args
-            } )*
-            _ => {}
-        }
-    };
-}
-
-/// Reduction and tail of one 3 × 4 block (see `dot_tile_finish`).
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_finish<W: Lanes>(
-    k1: usize,
-    n: usize,
-    xs: &[&[f32]],
-    ws: &[&[W]],
-    acc: &[f32; 96],
-    out: &mut [[f32; 4]; 3],
-) {
-    tile_dispatch!(dot_tile_finish, W, xs, ws, |x, w| (k1, n, x, w, acc, out));
-}
-
-/// Partial sums over consecutive groups of 3 tokens (the last may be shorter), group `g`
-/// using accumulator slot `accs[96·g..96·g + 96]`: one call per k-block and row group.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_partial_tokens<W: Lanes>(
-    k0: usize,
-    k1: usize,
-    xs: &[&[f32]],
-    ws: &[&[W]],
-    accs: &mut [f32],
-) {
-    for (g, xg) in xs.chunks(3).enumerate() {
-        let acc = &mut *(accs.as_mut_ptr().add(96 * g) as *mut [f32; 96]);
-        tile_dispatch!(dot_tile_partial, W, xg, ws, |x, w| (k0, k1, x, w, acc));
     }
 }

@@ -14,6 +14,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_proj;
 mod portable;
 
 use half::bf16;
@@ -86,11 +88,14 @@ macro_rules! dispatch {
     }};
 }
 
-/// Lane accumulators of a 3 × 4 dot block (`[(t·4 + r)·8 + lane]`), kept between the
-/// k-blocks of [`dot_partial_tokens`] calls.
-pub type LaneAcc = [f32; 96];
+/// Outputs per packed panel ([`pack_panel`], [`panel_fma`]): the panel's width and the
+/// accumulator row stride.
+pub const PANEL: usize = 16;
 
-/// Weights of a k-blocked dot block, f32 or bf16 rows.
+/// Most weight rows per [`rows_fma`] call, and its accumulator row stride.
+pub const DIRECT: usize = 32;
+
+/// Up to [`PANEL`] weight rows of a projection tile, f32 or bf16.
 #[derive(Clone, Copy)]
 pub enum Rows<'a, 'b> {
     /// f32 rows.
@@ -99,96 +104,159 @@ pub enum Rows<'a, 'b> {
     Bf16(&'a [&'b [bf16]]),
 }
 
-/// Dot products of up to 3 tokens × 4 weight rows per group, k-blocked: adds the whole
-/// 8-blocks of `[k0, k1)` (`k1 − k0` a multiple of 8) lane-wise to the accumulators, for any
-/// number of tokens in groups of 3 (the last may be shorter), group `g` using slot
-/// `accs[96·g..96·g + 96]`. Chained over consecutive k-blocks and closed by [`dot_finish`],
-/// each (token, row) result is bitwise the same however the reduction is cut and whatever the
-/// group shape, so decode (one token) and prefill (many), on any thread, agree exactly.
-#[must_use]
-pub fn dot_partial_tokens(
-    isa: Isa,
-    k0: usize,
-    k1: usize,
-    xs: &[&[f32]],
-    ws: Rows<'_, '_>,
-    accs: &mut [f32],
-) -> bool {
-    let groups = xs.len().div_ceil(3);
-    let ok = k0 <= k1
-        && (k1 - k0) % 8 == 0
-        && accs.len() >= 96 * groups
-        && xs.iter().all(|x| x.len() >= k1);
-    match ws {
-        Rows::F32(ws) if ok && (1..=4).contains(&ws.len()) && ws.iter().all(|w| w.len() >= k1) => {
-            #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2Fma && avx2_fma_supported() {
-                // SAFETY: AVX2+FMA present; rows ≥ k1 long and `accs` ≥ 96 per group (checked).
-                unsafe { avx2::dot_partial_tokens(k0, k1, xs, ws, accs) };
-                return true;
-            }
-            portable::dot_partial_tokens(k0, k1, xs, ws, accs, |v| v);
-            true
+impl Rows<'_, '_> {
+    fn ok(&self, k1: usize, most: usize) -> bool {
+        fn all<W>(ws: &[&[W]], k1: usize, most: usize) -> bool {
+            (1..=most).contains(&ws.len()) && ws.iter().all(|w| w.len() >= k1)
         }
-        Rows::Bf16(ws) if ok && (1..=4).contains(&ws.len()) && ws.iter().all(|w| w.len() >= k1) => {
-            #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2Fma && avx2_fma_supported() {
-                // SAFETY: as above.
-                unsafe { avx2::dot_partial_tokens(k0, k1, xs, ws, accs) };
-                return true;
-            }
-            portable::dot_partial_tokens(k0, k1, xs, ws, accs, portable::bf16_to_f32);
-            true
+        match self {
+            Rows::F32(ws) => all(ws, k1, most),
+            Rows::Bf16(ws) => all(ws, k1, most),
         }
-        _ => false,
     }
 }
 
-/// Reduces the lane accumulators of one group (1–3 tokens × 1–4 rows) and adds the scalar
-/// tail `[k1, n)`. Returns false (leaving `out` untouched) for a bad shape.
+/// Runs `$f` on the AVX2 path when asked for and present, else on the portable one, for both
+/// weight formats of `$ws` (bound to `$w`); `$widen` is the portable widening function.
+macro_rules! rows_dispatch {
+    ($isa:expr, $ws:expr, |$w:ident, $widen:ident| $avx:expr, $port:expr) => {{
+        match $ws {
+            Rows::F32($w) => {
+                #[cfg(target_arch = "x86_64")]
+                if $isa == Isa::Avx2Fma && avx2_fma_supported() {
+                    // SAFETY: AVX2+FMA present; the caller checked every length.
+                    return unsafe { $avx };
+                }
+                let $widen = |v: f32| v;
+                $port
+            }
+            Rows::Bf16($w) => {
+                #[cfg(target_arch = "x86_64")]
+                if $isa == Isa::Avx2Fma && avx2_fma_supported() {
+                    // SAFETY: as above.
+                    return unsafe { $avx };
+                }
+                let $widen = portable::bf16_to_f32;
+                $port
+            }
+        }
+    }};
+}
+
+/// Projection kernels. Each output of a tile is one chain over the reduction in order,
+/// `acc ← acc + x[k]·W[r][k]` (a fused multiply-add on the AVX2 path, multiply then add on
+/// the portable one), continued across calls through `acc[t·16 + r]` (`r` < the tile's row
+/// count). [`pack_panel`] + [`panel_fma`] (prefill: the panel is reused by every token) and
+/// [`rows_fma`] (decode: straight from the rows) give bitwise the same sums on one path, and
+/// so do any k-blocking and any grouping of tokens or rows: decode and prefill, on any number
+/// of threads, agree exactly.
+///
+/// Packs `W[r][k]` for `k0 ≤ k < k1` as `panel[(k − k0)·16 + r]`, widened to f32 (rows past the
+/// tile's last repeat it). Returns false (doing nothing) if a slice is too short.
 #[must_use]
-pub fn dot_finish(
-    isa: Isa,
-    k1: usize,
-    n: usize,
-    xs: &[&[f32]],
-    ws: Rows<'_, '_>,
-    acc: &LaneAcc,
-    out: &mut [[f32; 4]; 3],
-) -> bool {
-    if k1 > n {
+pub fn pack_panel(isa: Isa, ws: Rows<'_, '_>, k0: usize, k1: usize, panel: &mut [f32]) -> bool {
+    if k0 > k1 || !ws.ok(k1, PANEL) || panel.len() < (k1 - k0) * PANEL {
         return false;
     }
-    match ws {
-        Rows::F32(ws) if block_ok(n, xs, ws) => {
-            #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2Fma && avx2_fma_supported() {
-                // SAFETY: AVX2+FMA present; 1–3 rows of ≥ n inputs, 1–4 weight rows (checked).
-                unsafe { avx2::dot_finish(k1, n, xs, ws, acc, out) };
-                return true;
+    (|| {
+        rows_dispatch!(
+            isa,
+            ws,
+            |w, widen| {
+                avx2_proj::pack_panel(w, k0, k1, panel);
+                true
+            },
+            {
+                portable::pack_panel(w, k0, k1, panel, widen);
+                true
             }
-            portable::finish_tile(k1, n, xs, ws, acc, out, |v| v);
-            true
-        }
-        Rows::Bf16(ws) if block_ok(n, xs, ws) => {
-            #[cfg(target_arch = "x86_64")]
-            if isa == Isa::Avx2Fma && avx2_fma_supported() {
-                // SAFETY: as above.
-                unsafe { avx2::dot_finish(k1, n, xs, ws, acc, out) };
-                return true;
-            }
-            portable::finish_tile(k1, n, xs, ws, acc, out, portable::bf16_to_f32);
-            true
-        }
-        _ => false,
-    }
+        )
+    })()
 }
 
-fn block_ok<W>(n: usize, xs: &[&[f32]], ws: &[&[W]]) -> bool {
-    (1..=3).contains(&xs.len())
-        && (1..=4).contains(&ws.len())
-        && xs.iter().all(|x| x.len() >= n)
-        && ws.iter().all(|w| w.len() >= n)
+/// Continues `acc[t·16 + r]` over `k0..k1` for every token row `xs[t]` (each ≥ `k1` long)
+/// from a panel packed by [`pack_panel`] for the same `k0..k1`. Returns false if a slice is
+/// too short.
+#[must_use]
+pub fn panel_fma(
+    isa: Isa,
+    xs: &[&[f32]],
+    k0: usize,
+    k1: usize,
+    panel: &[f32],
+    acc: &mut [f32],
+) -> bool {
+    if k0 > k1
+        || panel.len() < (k1 - k0) * PANEL
+        || acc.len() < xs.len() * PANEL
+        || xs.iter().any(|x| x.len() < k1)
+    {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && avx2_fma_supported() {
+        // SAFETY: AVX2+FMA present; lengths checked above.
+        unsafe { avx2_proj::panel_fma(xs, k0, k1, panel, acc) };
+        return true;
+    }
+    portable::panel_fma(xs, k0, k1, panel, acc);
+    true
+}
+
+/// Continues `acc[t·32 + r]` over `k0..k1` straight from up to [`DIRECT`] weight rows (the
+/// same sums as [`pack_panel`] + [`panel_fma`]). Returns false if a slice is too short.
+#[must_use]
+pub fn rows_fma(
+    isa: Isa,
+    xs: &[&[f32]],
+    ws: Rows<'_, '_>,
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) -> bool {
+    if k0 > k1
+        || !ws.ok(k1, DIRECT)
+        || acc.len() < xs.len() * DIRECT
+        || xs.iter().any(|x| x.len() < k1)
+    {
+        return false;
+    }
+    (|| {
+        rows_dispatch!(
+            isa,
+            ws,
+            |w, widen| {
+                avx2_proj::rows_fma(xs, w, k0, k1, acc);
+                true
+            },
+            {
+                portable::rows_fma(xs, w, k0, k1, acc, widen);
+                true
+            }
+        )
+    })()
+}
+
+/// Hints the CPU to bring `data` into its outer caches (one prefetch per 64-byte line), so
+/// a later pass finds it there; does nothing on other architectures. Never faults.
+#[inline]
+pub fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let p = data.as_ptr() as *const i8;
+        let bytes = core::mem::size_of_val(data);
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: `_mm_prefetch` (SSE, baseline on x86-64) only hints the cache and never
+            // faults; the address is inside `data` anyway.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(p.add(off))
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// `y[i] += a·x[i]`.
@@ -333,78 +401,117 @@ mod tests {
         }
     }
 
-    /// One group through `dot_partial_tokens` in k-blocks of `kstep` (0: one block), then
-    /// `dot_finish`.
-    fn block(isa: Isa, n: usize, xs: &[&[f32]], ws: Rows<'_, '_>, kstep: usize) -> [[f32; 4]; 3] {
-        let kfull = n / 8 * 8;
-        let step = if kstep == 0 { kfull.max(8) } else { kstep };
-        let mut acc = [0.0f32; 96];
-        let mut k0 = 0;
-        while k0 < kfull {
-            let k1 = (k0 + step).min(kfull);
-            assert!(dot_partial_tokens(isa, k0, k1, xs, ws, &mut acc));
-            k0 = k1;
+    fn rows_len(ws: Rows<'_, '_>) -> usize {
+        match ws {
+            Rows::F32(w) => w.len(),
+            Rows::Bf16(w) => w.len(),
         }
-        let mut out = [[0.0; 4]; 3];
-        assert!(dot_finish(isa, kfull, n, xs, ws, &acc, &mut out));
-        out
+    }
+
+    /// Sums of `xs` × `ws` over `0..n` through `rows_fma` or `pack_panel` + `panel_fma`, in
+    /// k-blocks of `kstep` (0: one block), compacted to `[t·rows + r]`.
+    fn project(
+        isa: Isa,
+        n: usize,
+        xs: &[&[f32]],
+        ws: Rows<'_, '_>,
+        kstep: usize,
+        pack: bool,
+    ) -> Vec<f32> {
+        let (stride, mr) = (if pack { PANEL } else { DIRECT }, rows_len(ws));
+        let mut acc = std::vec![0.0f32; xs.len() * stride];
+        let mut panel = std::vec![0.0f32; n.max(1) * PANEL];
+        let step = if kstep == 0 { n.max(1) } else { kstep };
+        let mut k0 = 0;
+        loop {
+            let k1 = (k0 + step).min(n);
+            if pack {
+                assert!(pack_panel(isa, ws, k0, k1, &mut panel));
+                assert!(panel_fma(isa, xs, k0, k1, &panel, &mut acc));
+            } else {
+                assert!(rows_fma(isa, xs, ws, k0, k1, &mut acc));
+            }
+            k0 = k1;
+            if k0 >= n {
+                return acc.chunks(stride).flat_map(|a| a[..mr].to_vec()).collect();
+            }
+        }
     }
 
     #[test]
-    fn dot_blocks_are_shape_independent_and_match_f64() {
+    fn projection_kernels_agree_bitwise_and_match_f64() {
         for isa in Isa::all_supported() {
-            for n in [1usize, 7, 8, 9, 64, 100, 2304] {
-                let x: Vec<Vec<f32>> = (0..3).map(|t| rnd(n, 30 + t)).collect();
-                let w: Vec<Vec<f32>> = (0..4).map(|r| rnd(n, 40 + r)).collect();
-                let wb: Vec<Vec<bf16>> = w
+            for n in [1usize, 7, 8, 9, 37, 300] {
+                let tokens = 13;
+                let xv: Vec<Vec<f32>> = (0..tokens).map(|t| rnd(n, 50 + t as u32)).collect();
+                let wv: Vec<Vec<f32>> = (0..DIRECT).map(|r| rnd(n, 90 + r as u32)).collect();
+                let wbv: Vec<Vec<bf16>> = wv
                     .iter()
-                    .map(|r| r.iter().map(|&v| bf16::from_f32(v)).collect())
+                    .map(|w| w.iter().map(|&v| bf16::from_f32(v)).collect())
                     .collect();
-                let xs: Vec<&[f32]> = x.iter().map(|v| &v[..]).collect();
-                let ws: Vec<&[f32]> = w.iter().map(|v| &v[..]).collect();
-                let wbs: Vec<&[bf16]> = wb.iter().map(|v| &v[..]).collect();
-                let full = block(isa, n, &xs, Rows::F32(&ws), 0);
-                let fullb = block(isa, n, &xs, Rows::Bf16(&wbs), 0);
-                for t in 0..3 {
-                    for r in 0..4 {
-                        let want: f64 = (0..n).map(|i| x[t][i] as f64 * w[r][i] as f64).sum();
-                        assert!((full[t][r] as f64 - want).abs() < 1e-4 * (1.0 + want.abs()));
-                        // Any block shape and any k-blocking give bitwise the same value.
-                        for (mt, mr, kstep) in
-                            [(1usize, 1usize, 16usize), (2, 3, 8), (3, 1, 0), (1, 4, 24)]
-                        {
-                            let t0 = t.min(3 - mt);
-                            let r0 = r.min(4 - mr);
-                            let (xg, wg, wgb) =
-                                (&xs[t0..t0 + mt], &ws[r0..r0 + mr], &wbs[r0..r0 + mr]);
-                            let o = block(isa, n, xg, Rows::F32(wg), kstep);
-                            let ob = block(isa, n, xg, Rows::Bf16(wgb), kstep);
-                            assert_eq!(o[t - t0][r - r0].to_bits(), full[t][r].to_bits());
-                            assert_eq!(ob[t - t0][r - r0].to_bits(), fullb[t][r].to_bits());
+                let xs: Vec<&[f32]> = xv.iter().map(|v| v.as_slice()).collect();
+                let ws: Vec<&[f32]> = wv.iter().map(|v| v.as_slice()).collect();
+                let wbs: Vec<&[bf16]> = wbv.iter().map(|v| v.as_slice()).collect();
+                let full = project(isa, n, &xs, Rows::F32(&ws), 0, false);
+                let fullb = project(isa, n, &xs, Rows::Bf16(&wbs), 0, false);
+                for t in 0..tokens {
+                    for r in 0..DIRECT {
+                        let want: f64 = (0..n).map(|i| xv[t][i] as f64 * wv[r][i] as f64).sum();
+                        let wantb: f64 = (0..n)
+                            .map(|i| xv[t][i] as f64 * wbv[r][i].to_f32() as f64)
+                            .sum();
+                        assert!((full[t * DIRECT + r] as f64 - want).abs() < 1e-5 * n as f64);
+                        assert!((fullb[t * DIRECT + r] as f64 - wantb).abs() < 1e-5 * n as f64);
+                    }
+                }
+                // Any token group, row range, k-blocking and kernel: bitwise the same.
+                for &(t0, t1) in &[(0, 1), (2, 5), (0, 6), (1, 13), (5, 12)] {
+                    for &(r0, r1) in &[
+                        (0, 1),
+                        (0, 3),
+                        (0, 8),
+                        (0, 9),
+                        (0, 16),
+                        (5, 21),
+                        (16, 32),
+                        (0, 32),
+                    ] {
+                        for kstep in [0usize, 1, 8, 13, 64] {
+                            for pack in [false, true] {
+                                let mr = r1 - r0;
+                                if pack && mr > PANEL {
+                                    continue;
+                                }
+                                let xg = &xs[t0..t1];
+                                let o = project(isa, n, xg, Rows::F32(&ws[r0..r1]), kstep, pack);
+                                let ob = project(isa, n, xg, Rows::Bf16(&wbs[r0..r1]), kstep, pack);
+                                for t in 0..t1 - t0 {
+                                    for r in 0..mr {
+                                        let (i, j) = (t * mr + r, (t0 + t) * DIRECT + r0 + r);
+                                        assert_eq!(o[i].to_bits(), full[j].to_bits(), "{isa:?} n={n} t={t} r={r} mr={mr} k={kstep} pack={pack}");
+                                        assert_eq!(ob[i].to_bits(), fullb[j].to_bits());
+                                    }
+                                }
+                            }
                         }
                     }
                 }
-                let mut o = [[0.0; 4]; 3];
-                let acc = [0.0f32; 96];
-                assert!(!dot_finish(
+                // Short slices are refused, not read past.
+                let mut acc = std::vec![0.0f32; DIRECT];
+                let mut panel = std::vec![0.0f32; n * PANEL];
+                assert!(!rows_fma(isa, &xs[..1], Rows::F32(&ws), 0, n + 1, &mut acc));
+                assert!(!rows_fma(isa, &xs[..2], Rows::F32(&ws), 0, n, &mut acc));
+                assert!(!rows_fma(isa, &xs[..1], Rows::F32(&[]), 0, n, &mut acc));
+                assert!(!pack_panel(isa, Rows::F32(&ws), 0, n, &mut panel));
+                assert!(!pack_panel(
                     isa,
+                    Rows::F32(&ws[..PANEL]),
                     0,
                     n + 1,
-                    &xs,
-                    Rows::F32(&ws),
-                    &acc,
-                    &mut o
+                    &mut panel
                 ));
-                assert!(!dot_finish(isa, 0, n, &[], Rows::F32(&ws), &acc, &mut o));
-                let mut accs = [0.0f32; 96];
-                assert!(!dot_partial_tokens(
-                    isa,
-                    0,
-                    4,
-                    &xs,
-                    Rows::F32(&ws),
-                    &mut accs
-                ));
+                assert!(!panel_fma(isa, &xs[..1], 0, n + 1, &panel, &mut acc));
+                assert!(!panel_fma(isa, &xs[..3], 0, n, &panel, &mut acc));
             }
         }
     }

@@ -3,12 +3,7 @@
 
 use half::bf16;
 
-const LANES: usize = 8;
-
-#[inline(always)]
-fn reduce(acc: [f32; LANES]) -> f32 {
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-}
+use super::{DIRECT, PANEL};
 
 #[inline(always)]
 pub(crate) fn bf16_to_f32(v: bf16) -> f32 {
@@ -80,65 +75,65 @@ pub(super) fn transpose(
     }
 }
 
-fn partial_tile<W: Copy>(
+/// `panel[(k − k0)·16 + r] = widen(W[r][k])`, the last row repeated to fill 16.
+pub(super) fn pack_panel<W: Copy>(
+    ws: &[&[W]],
     k0: usize,
     k1: usize,
-    xs: &[&[f32]],
-    ws: &[&[W]],
-    acc: &mut [f32; 96],
+    panel: &mut [f32],
     widen: impl Fn(W) -> f32,
 ) {
-    for (t, x) in xs.iter().enumerate().take(3) {
-        for (r, w) in ws.iter().enumerate().take(4) {
-            let a = &mut acc[(t * 4 + r) * 8..(t * 4 + r + 1) * 8];
-            for (xc, wc) in x[k0..k1]
-                .chunks_exact(LANES)
-                .zip(w[k0..k1].chunks_exact(LANES))
-            {
-                for l in 0..LANES {
-                    a[l] += xc[l] * widen(wc[l]);
-                }
+    for (k, col) in (k0..k1).zip(panel.chunks_exact_mut(PANEL)) {
+        for (r, v) in col.iter_mut().enumerate() {
+            *v = widen(ws[r.min(ws.len() - 1)][k]);
+        }
+    }
+}
+
+/// `acc[t·16 + r] += x[t][k] · panel[(k − k0)·16 + r]` for k in order (multiply, then add).
+pub(super) fn panel_fma(xs: &[&[f32]], k0: usize, k1: usize, panel: &[f32], acc: &mut [f32]) {
+    for (x, a) in xs.iter().zip(acc.chunks_exact_mut(PANEL)) {
+        for (xv, col) in x[k0..k1].iter().zip(panel.chunks_exact(PANEL)) {
+            for (a, p) in a.iter_mut().zip(col) {
+                *a += *xv * *p;
             }
         }
     }
 }
 
-pub(super) fn finish_tile<W: Copy>(
-    k1: usize,
-    n: usize,
+/// The same sums as [`panel_fma`] straight from the rows, four independent chains at a time.
+pub(super) fn rows_fma<W: Copy>(
     xs: &[&[f32]],
     ws: &[&[W]],
-    acc: &[f32; 96],
-    out: &mut [[f32; 4]; 3],
-    widen: impl Fn(W) -> f32,
-) {
-    for (t, x) in xs.iter().enumerate().take(3) {
-        for (r, w) in ws.iter().enumerate().take(4) {
-            let mut a = [0.0f32; LANES];
-            a.copy_from_slice(&acc[(t * 4 + r) * 8..(t * 4 + r + 1) * 8]);
-            let mut s = reduce(a);
-            for j in k1..n {
-                s += x[j] * widen(w[j]);
-            }
-            out[t][r] = s;
-        }
-    }
-}
-
-pub(super) fn dot_partial_tokens<W: Copy>(
     k0: usize,
     k1: usize,
-    xs: &[&[f32]],
-    ws: &[&[W]],
-    accs: &mut [f32],
+    acc: &mut [f32],
     widen: impl Fn(W) -> f32 + Copy,
 ) {
-    for (g, xg) in xs.chunks(3).enumerate() {
-        if let Some(acc) = accs
-            .get_mut(96 * g..96 * g + 96)
-            .and_then(|a| <&mut [f32; 96]>::try_from(a).ok())
-        {
-            partial_tile(k0, k1, xg, ws, acc, widen);
+    for (x, a) in xs.iter().zip(acc.chunks_exact_mut(DIRECT)) {
+        let x = &x[k0..k1];
+        for (wg, ag) in ws.chunks(4).zip(a.chunks_mut(4)) {
+            if let ([w0, w1, w2, w3], [s0, s1, s2, s3]) = (wg, &mut *ag) {
+                let (mut a0, mut a1, mut a2, mut a3) = (*s0, *s1, *s2, *s3);
+                let rows = w0[k0..k1]
+                    .iter()
+                    .zip(&w1[k0..k1])
+                    .zip(&w2[k0..k1])
+                    .zip(&w3[k0..k1]);
+                for (xv, (((v0, v1), v2), v3)) in x.iter().zip(rows) {
+                    a0 += *xv * widen(*v0);
+                    a1 += *xv * widen(*v1);
+                    a2 += *xv * widen(*v2);
+                    a3 += *xv * widen(*v3);
+                }
+                (*s0, *s1, *s2, *s3) = (a0, a1, a2, a3);
+            } else {
+                for (w, s) in wg.iter().zip(ag.iter_mut()) {
+                    for (xv, v) in x.iter().zip(&w[k0..k1]) {
+                        *s += *xv * widen(*v);
+                    }
+                }
+            }
         }
     }
 }
