@@ -68,6 +68,46 @@ fn bench(c: &mut Criterion) {
     }
     g.finish();
     black_box(&out);
+    decode(c, isa);
+}
+
+/// One decode token through a Kimi K3-sized projection (12288 × 7168 bf16, 176 MB, far beyond
+/// cache) in 32-row tiles as the layer runs them, next to a plain read of the same bytes.
+fn decode(c: &mut Criterion, isa: Isa) {
+    const ROWS: usize = 12288;
+    const COLS: usize = 7168;
+    let wb: Vec<bf16> = (0..ROWS * COLS)
+        .map(|i| bf16::from_f32(((i * 104729) % 997) as f32 / 997.0 - 0.5))
+        .collect();
+    let x: Vec<f32> = (0..COLS).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
+    let m = MatRef::new("w", Data::Bf16(&wb), ROWS, COLS).unwrap();
+    let mut out = vec![0.0f32; ROWS];
+    let mut g = c.benchmark_group("decode_12288x7168_bf16");
+    g.throughput(Throughput::Bytes((ROWS * COLS * 2) as u64));
+    g.sample_size(10);
+    g.bench_function("plain_read", |b| {
+        b.iter(|| black_box(wb.iter().fold(0u16, |a, v| a ^ v.to_bits())))
+    });
+    g.bench_function("project_1_token", |b| {
+        b.iter(|| {
+            let row = |_: usize| x.as_slice();
+            let mut scratch = [0.0f32; 384];
+            for o0 in (0..ROWS).step_by(32) {
+                assert!(project_tile(
+                    isa,
+                    &row,
+                    1,
+                    &m,
+                    o0,
+                    o0 + 32,
+                    &mut scratch,
+                    &mut |_, o, v| out[o..o + v.len()].copy_from_slice(v)
+                ));
+            }
+        })
+    });
+    g.finish();
+    black_box(&out);
 }
 
 criterion_group!(benches, bench);
