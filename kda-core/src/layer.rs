@@ -23,7 +23,7 @@ use crate::error::{add, check_len, mul, KdaError};
 use crate::exec::{Executor, Failed, Serial, Shared};
 use crate::math::sigmoid;
 use crate::ops::chunked::{chunked_head, chunked_scratch_len, MAX_CHUNK};
-use crate::ops::conv::short_conv_prefill;
+use crate::ops::conv::{short_conv_prefill, short_conv_prefill_scratch};
 use crate::ops::gate::decay_one;
 use crate::ops::linear::{project_scratch_len, project_tile, PROJECT_DIRECT_MAX, PROJECT_TOKENS};
 use crate::ops::norm::{gated_rms_norm_row_into_gate, l2_norm};
@@ -141,7 +141,11 @@ pub(crate) fn per_token_workspace(cfg: &KdaConfig) -> Result<usize, KdaError> {
 /// else room to pack a tile's weight rows whole for blocks of `block` tokens.
 fn per_worker(cfg: &KdaConfig, chunk: Option<usize>, block: usize) -> Result<usize, KdaError> {
     let k = cfg.head_dim;
-    let rec = add("workspace", recurrent_scratch_len(k, k), cfg.conv_width - 1)?;
+    let rec = add(
+        "workspace",
+        recurrent_scratch_len(k, k),
+        short_conv_prefill_scratch(cfg.conv_width),
+    )?;
     let seq_head = match chunk {
         None => rec,
         Some(c) => add("workspace", rec, chunked_scratch_len(c, k, k))?,
@@ -449,8 +453,9 @@ struct Proj<'a, 'w> {
     post: Post,
 }
 
-/// Output rows per projection task: 32 lets a decode tile run four FMA chains at once.
-const TILE: usize = 32;
+/// Output rows per projection task: 64 lets decode stream four 16-row panels at once
+/// (panel-layout weights) and is a whole number of the kernels' 8-, 16- and 32-row groups.
+const TILE: usize = 64;
 
 /// Computes output rows `o0..o1` of `p` for the block's `bt` tokens, with `scratch` for the
 /// projection kernel's accumulators.
@@ -470,6 +475,30 @@ fn proj_tile(
     // exp(A_log) of the head of the last row seen: rows arrive in order within a tile.
     let mut head_a: (usize, Option<f32>) = (usize::MAX, None);
     let mut store = |t: usize, first: usize, vals: &[f32]| {
+        // A run that lands contiguously (one head of a head-major buffer, or a token-major
+        // row) is written as a slice; anything else element by element.
+        let contiguous = match p.layout {
+            Layout::HeadMajor { k, .. } => first % k + vals.len() <= k,
+            Layout::TokenMajor { .. } => true,
+            Layout::Transposed { .. } => vals.len() <= 1,
+        };
+        if contiguous && !matches!(p.post, Post::Decay) {
+            // SAFETY: as for the element writes below: the range covers outputs
+            // `first..first + len` of token `t`, which only this task writes.
+            match unsafe { p.out.slice(p.layout.index(t, first), vals.len()) } {
+                Some(dst) => {
+                    for (d, &v) in dst.iter_mut().zip(vals) {
+                        *d = if matches!(p.post, Post::Sigmoid) {
+                            sigmoid(v)
+                        } else {
+                            v
+                        };
+                    }
+                }
+                None => failed.set(),
+            }
+            return;
+        }
         for (j, &v) in vals.iter().enumerate() {
             let o = first + j;
             let v = match p.post {
@@ -835,7 +864,7 @@ fn seq_head_task<'w>(
     else {
         return false;
     };
-    let (conv_tmp, scr) = scr.split_at_mut(hist);
+    let (conv_tmp, scr) = scr.split_at_mut(short_conv_prefill_scratch(w));
     let (rec_scr, chunk_scr) = scr.split_at_mut(recurrent_scratch_len(k, k));
     let cw = |data: Data<'w>| data.slice(head * k * w, k * w);
     let ok = short_conv_prefill(qh, k, cw(plan.w.q_conv), cq, conv_tmp).is_ok()

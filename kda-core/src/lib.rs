@@ -81,7 +81,7 @@ pub use layer::{
 };
 pub use quant::{quantize_layer, quantize_rows, quantized_len, QuantLen};
 pub use simd::Isa;
-pub use weights::{Data, GateWeights, KdaWeights, MatRef};
+pub use weights::{pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef, PANEL_ROWS};
 
 /// Re-export of the `half` crate's float types used by [`Data`].
 pub use half::{bf16, f16};

@@ -237,6 +237,12 @@ impl<'a> Bufs<'a> {
     }
 
     fn mat(&mut self, m: &MatRef<'_>, name: &'static str) -> Result<MatRef<'a>, KdaError> {
+        if m.is_panels() {
+            return Err(KdaError::Weights {
+                arg: name,
+                reason: "int8 quantisation needs row-major weights, not the panel layout",
+            });
+        }
         let d = self.take(m.data(), m.rows())?;
         MatRef::new(name, d, m.rows(), m.cols())
     }

@@ -94,16 +94,69 @@ impl<'a> Data<'a> {
     }
 }
 
-/// A borrowed row-major matrix `[rows, cols]` (PyTorch `nn.Linear` layout: `[out, in]`).
+/// Rows per panel of the panel layout ([`MatRef::new_panels`]).
+pub const PANEL_ROWS: usize = 16;
+
+/// bf16 elements of a `[rows, cols]` matrix in the panel layout (rows padded to a multiple of
+/// [`PANEL_ROWS`]), or `None` on overflow.
+pub fn panels_len(rows: usize, cols: usize) -> Option<usize> {
+    rows.div_ceil(PANEL_ROWS)
+        .checked_mul(PANEL_ROWS)?
+        .checked_mul(cols)
+}
+
+/// Repacks a row-major bf16 matrix into the panel layout of [`MatRef::new_panels`] (padding
+/// rows are zero). `dst` must be [`panels_len`] long.
+pub fn pack_panels(m: &MatRef<'_>, dst: &mut [bf16]) -> Result<(), KdaError> {
+    let (rows, cols) = (m.rows, m.cols);
+    let Data::Bf16(src) = m.data else {
+        return Err(KdaError::Weights {
+            arg: "pack_panels",
+            reason: "the panel layout holds bf16 matrices only",
+        });
+    };
+    if m.panels {
+        return Err(KdaError::Weights {
+            arg: "pack_panels",
+            reason: "the matrix is already in the panel layout",
+        });
+    }
+    let n = panels_len(rows, cols).ok_or(KdaError::Overflow {
+        what: "pack_panels",
+    })?;
+    check_len("pack_panels dst", dst.len(), n)?;
+    for (p, panel) in dst.chunks_exact_mut(PANEL_ROWS * cols.max(1)).enumerate() {
+        for r in 0..PANEL_ROWS {
+            let o = p * PANEL_ROWS + r;
+            for k in 0..cols {
+                panel[k * PANEL_ROWS + r] = if o < rows {
+                    src[o * cols + k]
+                } else {
+                    bf16::ZERO
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A borrowed matrix `[rows, cols]`: row-major (PyTorch `nn.Linear` layout: `[out, in]`), or
+/// (bf16 only) in the **panel layout**: groups of 16 rows stored column by column, element
+/// `(o, k)` at `(o / 16)·16·cols + 16·k + o % 16`, the last group padded with zero rows. The
+/// panel layout is what the CPU projection kernels stream best: decode reads 16 outputs'
+/// weights for one input as one 32-byte load, and prefill needs no packing. Results are
+/// bitwise the same in either layout.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a> {
     data: Data<'a>,
     rows: usize,
     cols: usize,
+    panels: bool,
 }
 
 impl<'a> MatRef<'a> {
-    /// Wraps `data` as `[rows, cols]`; errors (naming `name`) unless `data.len() == rows·cols`.
+    /// Wraps row-major `data` as `[rows, cols]`; errors (naming `name`) unless
+    /// `data.len() == rows·cols`.
     pub fn new(
         name: &'static str,
         data: Data<'a>,
@@ -114,7 +167,41 @@ impl<'a> MatRef<'a> {
             .checked_mul(cols)
             .ok_or(KdaError::Overflow { what: name })?;
         check_len(name, data.len(), n)?;
-        Ok(MatRef { data, rows, cols })
+        Ok(MatRef {
+            data,
+            rows,
+            cols,
+            panels: false,
+        })
+    }
+
+    /// Wraps bf16 `data` in the panel layout (see [`MatRef`]; made by [`pack_panels`]) as
+    /// `[rows, cols]`; errors unless it is bf16 and [`panels_len`] long.
+    pub fn new_panels(
+        name: &'static str,
+        data: Data<'a>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KdaError> {
+        if !matches!(data, Data::Bf16(_)) {
+            return Err(KdaError::Weights {
+                arg: name,
+                reason: "the panel layout holds bf16 matrices only",
+            });
+        }
+        let n = panels_len(rows, cols).ok_or(KdaError::Overflow { what: name })?;
+        check_len(name, data.len(), n)?;
+        Ok(MatRef {
+            data,
+            rows,
+            cols,
+            panels: true,
+        })
+    }
+
+    /// Whether the matrix is in the panel layout.
+    pub fn is_panels(&self) -> bool {
+        self.panels
     }
 
     /// Rows (output features).
@@ -127,12 +214,25 @@ impl<'a> MatRef<'a> {
         self.cols
     }
 
-    /// The elements.
+    /// The elements, in the matrix's layout ([`MatRef::is_panels`]).
     pub fn data(&self) -> Data<'a> {
         self.data
     }
 
-    /// Row `r` (caller guarantees `r < rows`).
+    /// Panel `p` (rows `16p..16p + 16`) of a panel-layout matrix, `16·cols` long; empty if
+    /// the matrix is row-major or `p` is out of range.
+    #[inline]
+    pub(crate) fn panel(&self, p: usize) -> &'a [bf16] {
+        match self.data {
+            Data::Bf16(s) if self.panels => {
+                let len = PANEL_ROWS * self.cols;
+                s.get(p * len..(p + 1) * len).unwrap_or(&[])
+            }
+            _ => &[],
+        }
+    }
+
+    /// Row `r` of a row-major matrix (caller guarantees `r < rows` and the layout).
     #[inline]
     pub(crate) fn row(&self, r: usize) -> Data<'a> {
         self.data.slice(r * self.cols, self.cols)

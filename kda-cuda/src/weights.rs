@@ -109,6 +109,11 @@ fn upload_mat(
     parts: &[MatRef<'_>],
     dtype: Dtype,
 ) -> Result<DeviceMat, CudaError> {
+    if parts.iter().any(|m| m.is_panels()) {
+        return Err(CudaError::Unsupported(
+            "panel-layout weights (a CPU layout): pass the row-major checkpoint matrices".into(),
+        ));
+    }
     let cols = parts.first().map_or(0, |m| m.cols());
     let rows: usize = parts.iter().map(|m| m.rows()).sum();
     let s = &be.dev.stream;

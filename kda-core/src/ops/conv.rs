@@ -42,14 +42,20 @@ fn check(
     Ok((w, x_len / d))
 }
 
-/// Scratch (f32 elements) that [`short_conv_prefill`] needs for conv width `w`.
+/// Channels per block of the blocked prefill conv: one 64-byte line of a row.
+const CB: usize = 16;
+
+/// Scratch (f32 elements) for [`short_conv_prefill`] at conv width `w`: room to run 16
+/// channels at a time (each step reads one cache line per row). It needs only `w − 1`;
+/// with less than this it runs one channel at a time (slower, same result bitwise).
 pub fn short_conv_prefill_scratch(w: usize) -> usize {
-    w.saturating_sub(1)
+    CB * w.saturating_sub(1)
 }
 
 /// Runs the conv over `T` rows of one sequence **in place**: `x` is `[T, d]` raw inputs on
 /// entry and activated outputs on return; `weight` is `[d, W]`; `state` `[d, W−1]` is read as
-/// the history and replaced by the last `W−1` raw inputs of the stream.
+/// the history and replaced by the last `W−1` raw inputs of the stream. `scratch` needs at
+/// least `W − 1` elements ([`short_conv_prefill_scratch`] for full speed).
 pub fn short_conv_prefill(
     x: &mut [f32],
     d: usize,
@@ -66,31 +72,59 @@ pub fn short_conv_prefill(
             actual: scratch.len(),
         });
     }
-    let tmp = &mut scratch[..hist];
-    for c in 0..d {
-        let st = &mut state[c * hist..(c + 1) * hist];
-        let wc = weight.slice(c * w, w);
-        // Stream position j ∈ [−hist, T): history for j < 0, raw input otherwise.
-        let at = |x: &[f32], st: &[f32], j: isize| -> f32 {
+    let cb = if scratch.len() >= CB * hist { CB } else { 1 };
+    let mut c0 = 0;
+    while c0 < d {
+        let nc = (d - c0).min(cb);
+        // Stream position j ∈ [−hist, T) of channel c: history for j < 0, raw input otherwise.
+        let at = |x: &[f32], state: &[f32], c: usize, j: isize| -> f32 {
             if j < 0 {
-                st[(hist as isize + j) as usize]
+                state[c * hist + (hist as isize + j) as usize]
             } else {
                 x[j as usize * d + c]
             }
         };
         // The new state is the stream's last `hist` entries: save before overwriting x.
-        for (i, slot) in tmp.iter_mut().enumerate() {
-            *slot = at(x, st, t_len as isize - hist as isize + i as isize);
+        let tmp = &mut scratch[..nc * hist];
+        for (ci, slots) in tmp.chunks_exact_mut(hist.max(1)).enumerate().take(nc) {
+            for (i, slot) in slots.iter_mut().enumerate().take(hist) {
+                *slot = at(
+                    x,
+                    state,
+                    c0 + ci,
+                    t_len as isize - hist as isize + i as isize,
+                );
+            }
         }
         // Descending t: output t overwrites raw t only after every later output has read it.
+        // Each output is `Σ_i w[c,i]·s[t−hist+i]` summed in order of i, then SiLU, whatever the
+        // channel block, so the result is bitwise that of the decode step.
+        let mut acc = [0.0f32; CB];
         for t in (0..t_len).rev() {
-            let mut acc = 0.0f32;
+            let acc = &mut acc[..nc];
+            acc.fill(0.0);
             for i in 0..w {
-                acc += wc.at(i) * at(x, st, t as isize - hist as isize + i as isize);
+                let j = t as isize - hist as isize + i as isize;
+                if j >= 0 {
+                    let src = &x[j as usize * d + c0..j as usize * d + c0 + nc];
+                    for (ci, (a, v)) in acc.iter_mut().zip(src).enumerate() {
+                        *a += weight.at((c0 + ci) * w + i) * v;
+                    }
+                } else {
+                    for (ci, a) in acc.iter_mut().enumerate() {
+                        *a += weight.at((c0 + ci) * w + i) * at(x, state, c0 + ci, j);
+                    }
+                }
             }
-            x[t * d + c] = silu(acc);
+            for (o, a) in x[t * d + c0..t * d + c0 + nc].iter_mut().zip(acc.iter()) {
+                *o = silu(*a);
+            }
         }
-        st.copy_from_slice(tmp);
+        for ci in 0..nc {
+            let c = c0 + ci;
+            state[c * hist..(c + 1) * hist].copy_from_slice(&tmp[ci * hist..(ci + 1) * hist]);
+        }
+        c0 += nc;
     }
     Ok(())
 }

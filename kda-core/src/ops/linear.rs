@@ -125,6 +125,9 @@ pub fn project_tile<'x>(
     }
     let n = w.cols();
     let pack = tokens > DIRECT_MAX && n > 0 && scratch.len() >= PANEL * (64 + 6);
+    if w.is_panels() {
+        return project_panels(isa, row, tokens, w, o0, o1, pack, scratch, store);
+    }
     let group = if pack { PANEL } else { DIRECT };
     let mut o = o0;
     while o < o1 {
@@ -147,7 +150,17 @@ pub fn project_tile<'x>(
                     }
                 }
             };
-            packed(isa, row, tokens, n, ws, mr, scratch, &fetch, &mut put)
+            packed(
+                isa,
+                row,
+                tokens,
+                n,
+                Src::Rows(ws),
+                mr,
+                scratch,
+                &fetch,
+                &mut put,
+            )
         } else {
             direct(isa, row, tokens, n, ws, mr, &mut put)
         };
@@ -157,6 +170,111 @@ pub fn project_tile<'x>(
         o += mr;
     }
     true
+}
+
+/// [`project_tile`] for a matrix in the panel layout: decode streams up to four 16-row panels
+/// at once ([`simd::panels_fma`]), prefill widens each panel into the GEMM's f32 panel (no
+/// transposes). Same sums, bitwise, as the row-major paths.
+#[allow(clippy::too_many_arguments)]
+fn project_panels<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [f32],
+    tokens: usize,
+    w: &MatRef<'_>,
+    o0: usize,
+    o1: usize,
+    pack: bool,
+    scratch: &mut [f32],
+    store: &mut dyn FnMut(usize, usize, &[f32]),
+) -> bool {
+    let n = w.cols();
+    // Rows `lo..hi` of panel `p` that fall in `o0..o1`, as offsets within the panel.
+    let part = |p: usize| {
+        let base = p * PANEL;
+        (o0.max(base) - base, o1.min(base + PANEL) - base)
+    };
+    let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
+    if pack {
+        for p in p0..p1 {
+            let panel = w.panel(p);
+            let (lo, hi) = part(p);
+            let next = w.panel(p + 1);
+            let fetch = |k0: usize, k1: usize| {
+                if let Some(s) = next.get(k0 * PANEL..k1 * PANEL) {
+                    simd::prefetch(s);
+                }
+            };
+            let mut put = |t: usize, vals: &[f32]| store(t, p * PANEL + lo, &vals[lo..hi]);
+            if !packed(
+                isa,
+                row,
+                tokens,
+                n,
+                Src::Panel(panel),
+                hi,
+                scratch,
+                &fetch,
+                &mut put,
+            ) {
+                return false;
+            }
+        }
+        return true;
+    }
+    let mut acc = [0.0f32; 4 * 4 * PANEL];
+    let mut pa = p0;
+    while pa < p1 {
+        let pb = (pa + 4).min(p1);
+        let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+        let mut t0 = 0;
+        while t0 < tokens {
+            let m = (tokens - t0).min(DIRECT_MAX);
+            let xs: [&[f32]; DIRECT_MAX] =
+                core::array::from_fn(|i| if i < m { row(t0 + i) } else { &[] });
+            acc.fill(0.0);
+            if !simd::panels_fma(isa, &xs[..m], &panels[..pb - pa], 0, n, &mut acc) {
+                return false;
+            }
+            for (i, a) in acc.chunks_exact(4 * PANEL).take(m).enumerate() {
+                for p in pa..pb {
+                    let (lo, hi) = part(p);
+                    let v = &a[(p - pa) * PANEL..(p - pa + 1) * PANEL];
+                    store(t0 + i, p * PANEL + lo, &v[lo..hi]);
+                }
+            }
+            t0 += m;
+        }
+        pa = pb;
+    }
+    true
+}
+
+/// Where the packed GEMM takes a tile's weights from.
+#[derive(Clone, Copy)]
+enum Src<'a, 'w> {
+    /// Row-major rows, packed (transposed) k-block by k-block.
+    Rows(simd::Rows<'a, 'w>),
+    /// One bf16 panel of the panel layout, widened k-block by k-block.
+    Panel(&'w [bf16]),
+}
+
+impl Src<'_, '_> {
+    /// Fills the f32 panel for `k0..k1`.
+    fn fill(&self, isa: Isa, k0: usize, k1: usize, panel: &mut [f32]) -> bool {
+        match self {
+            Src::Rows(ws) => simd::pack_panel(isa, *ws, k0, k1, panel),
+            Src::Panel(p) => match (
+                p.get(k0 * PANEL..k1 * PANEL),
+                panel.get_mut(..(k1 - k0) * PANEL),
+            ) {
+                (Some(s), Some(d)) => {
+                    simd::widen_bf16(isa, s, d);
+                    true
+                }
+                _ => false,
+            },
+        }
+    }
 }
 
 /// Up to 32 rows straight from the weight rows, up to four tokens at a time.
@@ -194,7 +312,7 @@ fn packed<'x>(
     row: &dyn Fn(usize) -> &'x [f32],
     tokens: usize,
     n: usize,
-    ws: simd::Rows<'_, '_>,
+    src: Src<'_, '_>,
     mr: usize,
     scratch: &mut [f32],
     fetch: &dyn Fn(usize, usize),
@@ -216,7 +334,7 @@ fn packed<'x>(
     };
     let (acc_all, rest) = scratch.split_at_mut(tb * PANEL);
     let panel = &mut rest[..kc * PANEL];
-    if whole && !simd::pack_panel(isa, ws, 0, n, panel) {
+    if whole && !src.fill(isa, 0, n, panel) {
         return false;
     }
     let step = if whole { KC } else { kc };
@@ -235,7 +353,7 @@ fn packed<'x>(
             let block = if whole {
                 &panel[k0 * PANEL..k1 * PANEL]
             } else {
-                if !simd::pack_panel(isa, ws, k0, k1, panel) {
+                if !src.fill(isa, k0, k1, panel) {
                     return false;
                 }
                 &panel[..]
@@ -376,6 +494,60 @@ mod tests {
                         .map(|i| x[t * n_in + i] as f64 * data.get(o * n_in + i).unwrap() as f64)
                         .sum();
                     assert!((out[t * n_out + o] as f64 - want).abs() < 1e-5, "{t} {o}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn panel_layout_gives_the_row_major_bits_for_any_tile_and_scratch() {
+        let mut s = 11u64;
+        let (n_in, n_out) = (70, 37);
+        let x: std::vec::Vec<f32> = (0..13 * n_in).map(|_| lcg(&mut s)).collect();
+        let wb: std::vec::Vec<bf16> = (0..n_out * n_in)
+            .map(|_| bf16::from_f32(lcg(&mut s)))
+            .collect();
+        let rows = MatRef::new("w", Data::Bf16(&wb), n_out, n_in).unwrap();
+        let mut pk = std::vec![bf16::ZERO; crate::weights::panels_len(n_out, n_in).unwrap()];
+        crate::weights::pack_panels(&rows, &mut pk).unwrap();
+        let panels = MatRef::new_panels("w", Data::Bf16(&pk), n_out, n_in).unwrap();
+        assert!(crate::weights::pack_panels(&panels, &mut pk.clone()).is_err());
+        for isa in Isa::all_supported() {
+            for tokens in [1usize, 2, 4, 5, 13] {
+                for (o0, o1) in [(0, n_out), (0, 16), (5, 21), (16, 37), (32, 37)] {
+                    for scratch_len in [0usize, PANEL * 70, project_scratch_len(n_in, tokens)] {
+                        let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
+                        let run = |m: &MatRef<'_>| {
+                            let mut out = std::vec![f32::NAN; tokens * n_out];
+                            let mut scratch = std::vec![0.0f32; scratch_len];
+                            assert!(project_tile(
+                                isa,
+                                &row,
+                                tokens,
+                                m,
+                                o0,
+                                o1,
+                                &mut scratch,
+                                &mut |t, o, v| {
+                                    out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v)
+                                }
+                            ));
+                            out
+                        };
+                        let (a, b) = (run(&rows), run(&panels));
+                        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                            let o = i % n_out;
+                            if (o0..o1).contains(&o) {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{isa:?} t={tokens} {o0}..{o1} s={scratch_len} i={i}"
+                                );
+                            } else {
+                                assert!(a.is_nan() && b.is_nan(), "wrote outside the tile");
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -239,3 +239,99 @@ pub(super) unsafe fn rows_fma<W: Lanes>(
         }
     }
 }
+
+/// `dst[i] = widen(src[i])` (bf16 → f32, exact).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i + 8 <= n {
+        _mm256_storeu_ps(dp.add(i), load_bf16(sp.add(i)));
+        i += 8;
+    }
+    while i < n {
+        *dp.add(i) = (*sp.add(i)).widen();
+        i += 1;
+    }
+}
+
+/// `MT` tokens × `P` panels of 16 rows straight from bf16 panel-layout weights (element
+/// `(k, r)` of panel `p` at `pp[p] + 16k + r`): per step one 32-byte load per panel, widened,
+/// and two FMAs per token and panel. `acc` rows are `4·PANEL` apart per token.
+#[inline(always)]
+unsafe fn panels_block<const MT: usize, const P: usize>(
+    x: [*const f32; MT],
+    pp: [*const bf16; P],
+    k0: usize,
+    k1: usize,
+    acc: *mut f32,
+) {
+    let mut a = [[[_mm256_setzero_ps(); 2]; P]; MT];
+    for (t, a) in a.iter_mut().enumerate() {
+        for (p, a) in a.iter_mut().enumerate() {
+            for (v, a) in a.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(acc.add(t * 4 * PANEL + p * PANEL + 8 * v));
+            }
+        }
+    }
+    for k in k0..k1 {
+        let xv: [__m256; MT] = core::array::from_fn(|t| _mm256_broadcast_ss(&*x[t].add(k)));
+        for (p, pp) in pp.iter().enumerate() {
+            let lo = load_bf16(pp.add(k * PANEL));
+            let hi = load_bf16(pp.add(k * PANEL + 8));
+            for (t, xv) in xv.iter().enumerate() {
+                a[t][p][0] = _mm256_fmadd_ps(*xv, lo, a[t][p][0]);
+                a[t][p][1] = _mm256_fmadd_ps(*xv, hi, a[t][p][1]);
+            }
+        }
+    }
+    for (t, a) in a.iter().enumerate() {
+        for (p, a) in a.iter().enumerate() {
+            for (v, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(acc.add(t * 4 * PANEL + p * PANEL + 8 * v), *a);
+            }
+        }
+    }
+}
+
+/// Continues `acc[t·64 + 16p + r]` over `k0..k1` for up to 4 tokens × up to 4 panels: one
+/// token takes all panels at once (8 FMA chains, 4 weight streams), more tokens fewer.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn panels_fma(
+    xs: &[&[f32]],
+    panels: &[&[bf16]],
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
+    let ap = acc.as_mut_ptr();
+    let per = match xs.len() {
+        1 => 4,
+        2 => 2,
+        _ => 1,
+    };
+    let mut p0 = 0;
+    while p0 < panels.len() {
+        let np = (panels.len() - p0).min(per);
+        let a = ap.add(p0 * PANEL);
+        macro_rules! block {
+            ($mt:literal, $p:literal) => {{
+                let x: [*const f32; $mt] = core::array::from_fn(|t| xs[t].as_ptr());
+                let pp: [*const bf16; $p] = core::array::from_fn(|p| panels[p0 + p].as_ptr());
+                panels_block::<$mt, $p>(x, pp, k0, k1, a)
+            }};
+        }
+        match (xs.len(), np) {
+            (1, 4) => block!(1, 4),
+            (1, 3) => block!(1, 3),
+            (1, 2) => block!(1, 2),
+            (1, _) => block!(1, 1),
+            (2, 2) => block!(2, 2),
+            (2, _) => block!(2, 1),
+            (3, _) => block!(3, 1),
+            _ => block!(4, 1),
+        }
+        p0 += np;
+    }
+}

@@ -237,6 +237,49 @@ pub fn rows_fma(
     })()
 }
 
+/// Continues `acc[t·64 + 16p + r]` (`t` < 4 tokens, `p` < 4 panels) over `k0..k1` straight
+/// from bf16 weights in the panel layout ([`crate::MatRef::new_panels`]; `panels[p]` is one
+/// 16-row panel, ≥ `16·k1` long): the same in-order sums as [`pack_panel`] + [`panel_fma`] of
+/// the same rows, bitwise, on each path. Returns false if a slice is too short.
+#[must_use]
+pub fn panels_fma(
+    isa: Isa,
+    xs: &[&[f32]],
+    panels: &[&[bf16]],
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) -> bool {
+    if k0 > k1
+        || !(1..=4).contains(&xs.len())
+        || !(1..=4).contains(&panels.len())
+        || panels.iter().any(|p| p.len() < k1 * PANEL)
+        || xs.iter().any(|x| x.len() < k1)
+        || acc.len() < xs.len() * 4 * PANEL
+    {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && avx2_fma_supported() {
+        // SAFETY: AVX2+FMA present; lengths checked above.
+        unsafe { avx2_proj::panels_fma(xs, panels, k0, k1, acc) };
+        return true;
+    }
+    portable::panels_fma(xs, panels, k0, k1, acc);
+    true
+}
+
+/// `dst[i] = src[i]` widened to f32 (exact) for the common length.
+pub fn widen_bf16(isa: Isa, src: &[bf16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && avx2_fma_supported() {
+        // SAFETY: AVX2+FMA present; the kernel stays within the shorter slice.
+        unsafe { avx2_proj::widen_bf16(src, dst) };
+        return;
+    }
+    portable::widen_bf16(src, dst);
+}
+
 /// Hints the CPU to bring `data` into its outer caches (one prefetch per 64-byte line), so
 /// a later pass finds it there; does nothing on other architectures. Never faults.
 #[inline]
@@ -512,6 +555,84 @@ mod tests {
                 ));
                 assert!(!panel_fma(isa, &xs[..1], 0, n + 1, &panel, &mut acc));
                 assert!(!panel_fma(isa, &xs[..3], 0, n, &panel, &mut acc));
+            }
+        }
+    }
+
+    #[test]
+    fn panel_layout_kernel_matches_the_row_kernels_bitwise() {
+        for isa in Isa::all_supported() {
+            for n in [1usize, 5, 16, 37, 130] {
+                let xv: Vec<Vec<f32>> = (0..4).map(|t| rnd(n, 7 + t as u32)).collect();
+                let wv: Vec<Vec<bf16>> = (0..4 * PANEL)
+                    .map(|r| {
+                        rnd(n, 300 + r as u32)
+                            .iter()
+                            .map(|&v| bf16::from_f32(v))
+                            .collect()
+                    })
+                    .collect();
+                // Panel p: element (k, r) at 16k + r.
+                let panels: Vec<Vec<bf16>> = (0..4)
+                    .map(|p| {
+                        (0..n * PANEL)
+                            .map(|i| wv[p * PANEL + i % PANEL][i / PANEL])
+                            .collect()
+                    })
+                    .collect();
+                let xs: Vec<&[f32]> = xv.iter().map(|v| v.as_slice()).collect();
+                let ws: Vec<&[bf16]> = wv.iter().map(|v| v.as_slice()).collect();
+                let ps: Vec<&[bf16]> = panels.iter().map(|v| v.as_slice()).collect();
+                for mt in 1..=4 {
+                    for np in 1..=4 {
+                        for kstep in [0usize, 3, 16] {
+                            let mut acc = std::vec![0.0f32; mt * 4 * PANEL];
+                            let step = if kstep == 0 { n } else { kstep };
+                            let mut k0 = 0;
+                            while k0 < n {
+                                let k1 = (k0 + step).min(n);
+                                assert!(panels_fma(isa, &xs[..mt], &ps[..np], k0, k1, &mut acc));
+                                k0 = k1;
+                            }
+                            for p in 0..np {
+                                let want = project(
+                                    isa,
+                                    n,
+                                    &xs[..mt],
+                                    Rows::Bf16(&ws[p * PANEL..(p + 1) * PANEL]),
+                                    0,
+                                    true,
+                                );
+                                for t in 0..mt {
+                                    for r in 0..PANEL {
+                                        assert_eq!(
+                                            acc[t * 4 * PANEL + p * PANEL + r].to_bits(),
+                                            want[t * PANEL + r].to_bits(),
+                                            "{isa:?} n={n} mt={mt} np={np} p={p} t={t} r={r}"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                let mut acc = std::vec![0.0f32; 4 * 4 * PANEL];
+                assert!(!panels_fma(isa, &xs[..1], &ps[..1], 0, n + 1, &mut acc));
+                assert!(!panels_fma(
+                    isa,
+                    &xs,
+                    &ps,
+                    0,
+                    n,
+                    &mut acc[..4 * 4 * PANEL - 1]
+                ));
+                assert!(!panels_fma(isa, &[], &ps, 0, n, &mut acc));
+                let mut wide = std::vec![0.0f32; n];
+                widen_bf16(isa, &wv[0], &mut wide);
+                assert!(wide
+                    .iter()
+                    .zip(&wv[0])
+                    .all(|(a, b)| a.to_bits() == b.to_f32().to_bits()));
             }
         }
     }

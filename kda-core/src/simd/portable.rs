@@ -137,3 +137,33 @@ pub(super) fn rows_fma<W: Copy>(
         }
     }
 }
+
+/// The sums of [`panel_fma`] from bf16 panel-layout weights (`acc[t·64 + 16p + r]`): each
+/// 16-step slice of a panel is widened, then accumulated in the same order.
+pub(super) fn panels_fma(xs: &[&[f32]], panels: &[&[bf16]], k0: usize, k1: usize, acc: &mut [f32]) {
+    let mut buf = [0.0f32; 16 * PANEL];
+    for (p, panel) in panels.iter().enumerate() {
+        let mut k = k0;
+        while k < k1 {
+            let kb = (k1 - k).min(16);
+            for (d, s) in buf.iter_mut().zip(&panel[k * PANEL..(k + kb) * PANEL]) {
+                *d = bf16_to_f32(*s);
+            }
+            for (x, a) in xs.iter().zip(acc.chunks_exact_mut(4 * PANEL)) {
+                let a = &mut a[p * PANEL..(p + 1) * PANEL];
+                for (xv, col) in x[k..k + kb].iter().zip(buf.chunks_exact(PANEL)) {
+                    for (a, w) in a.iter_mut().zip(col) {
+                        *a += *xv * *w;
+                    }
+                }
+            }
+            k += kb;
+        }
+    }
+}
+
+pub(super) fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = bf16_to_f32(*s);
+    }
+}

@@ -124,6 +124,10 @@ enum Command {
         /// Worker threads (default: the available cores).
         #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
         threads: Option<usize>,
+        /// Weight layout: `panels` (bf16 matrices repacked for the CPU kernels: one more copy
+        /// in memory, faster) or `rows` (the checkpoint layout, used in place). Same results.
+        #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
+        layout: LayoutArg,
     },
     /// Measures prefill and decode of one synthetic layer at a published size.
     Bench {
@@ -145,7 +149,18 @@ enum Command {
         /// Worker threads (default: the available cores).
         #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
         threads: Option<usize>,
+        /// Weight layout: `panels` (repacked for the CPU kernels) or `rows` (checkpoint
+        /// layout, used in place).
+        #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
+        layout: LayoutArg,
     },
+}
+
+/// `--layout` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LayoutArg {
+    Panels,
+    Rows,
 }
 
 fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
@@ -323,6 +338,7 @@ fn forward(
     state_out: Option<&Path>,
     mode: Mode,
     threads: Option<usize>,
+    layout: LayoutArg,
 ) -> Result<(), String> {
     let pool = thread_pool(threads)?;
     let ckpt = Checkpoint::open(model_dir).map_err(|e| e.to_string())?;
@@ -339,7 +355,10 @@ fn forward(
             .first()
             .ok_or_else(|| format!("{}: the config lists no KDA layers", ckpt.name()))?,
     };
-    let model = ckpt.load(Some(&[index])).map_err(|e| e.to_string())?;
+    let mut model = ckpt.load(Some(&[index])).map_err(|e| e.to_string())?;
+    if matches!(layout, LayoutArg::Panels) {
+        model.repack_panels().map_err(|e| e.to_string())?;
+    }
     let (cfg, w) = model.weights(index).map_err(|e| e.to_string())?;
     let inp = Input::read(input, cfg.hidden).map_err(|e| e.to_string())?;
     let n = inp.sequences();
@@ -391,6 +410,7 @@ fn run(cli: Cli) -> Result<(), String> {
             state_out,
             mode,
             threads,
+            layout,
         } => forward(
             &model,
             layer,
@@ -400,6 +420,7 @@ fn run(cli: Cli) -> Result<(), String> {
             state_out.as_deref(),
             mode.into(),
             threads,
+            layout,
         ),
         Command::Bench {
             preset,
@@ -408,6 +429,7 @@ fn run(cli: Cli) -> Result<(), String> {
             batch,
             seed,
             threads,
+            layout,
         } => {
             if batch == 0 {
                 return Err("--batch: must be at least 1".into());
@@ -421,6 +443,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 seed,
                 threads: pool.current_num_threads(),
                 progress: true,
+                panels: matches!(layout, LayoutArg::Panels),
             };
             pool.install(|| bench::run(&opts, &mut std::io::stdout()))
                 .map_err(|e| e.to_string())
