@@ -66,13 +66,20 @@ fn bench(c: &mut Criterion) {
             b.iter(|| run(isa, &x, m, &mut out, PROJECT_SCRATCH))
         });
     }
+    let mut pk = vec![bf16::ZERO; kda_core::panels_len(N_OUT, N_IN).unwrap()];
+    kda_core::pack_panels(&mb, &mut pk).unwrap();
+    let mp = MatRef::new_panels("w", Data::Bf16(&pk), N_OUT, N_IN).unwrap();
+    g.bench_function("bf16_weights_panels", |b| {
+        b.iter(|| run(isa, &x, &mp, &mut out, whole))
+    });
     g.finish();
     black_box(&out);
     decode(c, isa);
 }
 
 /// One decode token through a Kimi K3-sized projection (12288 × 7168 bf16, 176 MB, far beyond
-/// cache) in 32-row tiles as the layer runs them, next to a plain read of the same bytes.
+/// cache), row-major and in the panel layout, in tiles as the layer runs them, next to a plain
+/// read of the same bytes.
 fn decode(c: &mut Criterion, isa: Isa) {
     const ROWS: usize = 12288;
     const COLS: usize = 7168;
@@ -87,6 +94,48 @@ fn decode(c: &mut Criterion, isa: Isa) {
     g.sample_size(10);
     g.bench_function("plain_read", |b| {
         b.iter(|| black_box(wb.iter().fold(0u16, |a, v| a ^ v.to_bits())))
+    });
+    // The same bytes as eight interleaved streams (1 KB pieces of eight far-apart regions),
+    // the access pattern of the kernels: faster than one stream on this machine.
+    g.bench_function("read_8_streams", |b| {
+        b.iter(|| {
+            let q = wb.len() / 8 / 512 * 512;
+            let mut acc = 0u16;
+            for off in (0..q).step_by(512) {
+                for j in 0..8 {
+                    acc ^= wb[j * q + off..j * q + off + 512]
+                        .iter()
+                        .fold(0u16, |a, v| a ^ v.to_bits());
+                }
+            }
+            black_box(acc)
+        })
+    });
+    let mut pk = vec![bf16::ZERO; kda_core::panels_len(ROWS, COLS).unwrap()];
+    kda_core::pack_panels(&m, &mut pk).unwrap();
+    let mp = MatRef::new_panels("w", Data::Bf16(&pk), ROWS, COLS).unwrap();
+    // The panel kernel's access pattern (four panels at a time, 32 bytes per panel per step)
+    // with no arithmetic: the read limit for that pattern.
+    g.bench_function("read_panel_pattern", |b| {
+        b.iter(|| black_box(read_panels(&pk, COLS)))
+    });
+    g.bench_function("project_1_token_panels", |b| {
+        b.iter(|| {
+            let row = |_: usize| x.as_slice();
+            let mut scratch = [0.0f32; 384];
+            for o0 in (0..ROWS).step_by(64) {
+                assert!(project_tile(
+                    isa,
+                    &row,
+                    1,
+                    &mp,
+                    o0,
+                    o0 + 64,
+                    &mut scratch,
+                    &mut |_, o, v| out[o..o + v.len()].copy_from_slice(v)
+                ));
+            }
+        })
     });
     g.bench_function("project_1_token", |b| {
         b.iter(|| {
@@ -112,3 +161,40 @@ fn decode(c: &mut Criterion, isa: Isa) {
 
 criterion_group!(benches, bench);
 criterion_main!(benches);
+
+/// XOR of every 32-byte unit of the panel-layout matrix `pk`, four panels at a time in the
+/// order the decode kernel reads them.
+fn read_panels(pk: &[bf16], cols: usize) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        return unsafe { read_panels_avx2(pk, cols) };
+    }
+    let words: Vec<u64> = pk.iter().map(|v| v.to_bits() as u64).collect();
+    words.iter().fold(0, |a, v| a ^ v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn read_panels_avx2(pk: &[bf16], cols: usize) -> u64 {
+    use std::arch::x86_64::*;
+    let panel = 16 * cols;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for group in pk.chunks(4 * panel) {
+        let np = group.len() / panel;
+        let base = group.as_ptr();
+        for k in 0..cols {
+            for (p, a) in acc.iter_mut().enumerate().take(np) {
+                let v = _mm256_loadu_si256(base.add(p * panel + 16 * k) as *const __m256i);
+                *a = _mm256_xor_si256(*a, v);
+            }
+        }
+    }
+    let mut out = [0u64; 4];
+    let x = _mm256_xor_si256(
+        _mm256_xor_si256(acc[0], acc[1]),
+        _mm256_xor_si256(acc[2], acc[3]),
+    );
+    _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, x);
+    out.iter().fold(0, |a, v| a ^ v)
+}

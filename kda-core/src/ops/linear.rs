@@ -254,25 +254,16 @@ fn project_panels<'x>(
 enum Src<'a, 'w> {
     /// Row-major rows, packed (transposed) k-block by k-block.
     Rows(simd::Rows<'a, 'w>),
-    /// One bf16 panel of the panel layout, widened k-block by k-block.
+    /// One bf16 panel of the panel layout, widened as the GEMM loads it.
     Panel(&'w [bf16]),
 }
 
 impl Src<'_, '_> {
-    /// Fills the f32 panel for `k0..k1`.
+    /// Fills the f32 panel for `k0..k1` (row-major rows; panel-layout weights need none).
     fn fill(&self, isa: Isa, k0: usize, k1: usize, panel: &mut [f32]) -> bool {
         match self {
             Src::Rows(ws) => simd::pack_panel(isa, *ws, k0, k1, panel),
-            Src::Panel(p) => match (
-                p.get(k0 * PANEL..k1 * PANEL),
-                panel.get_mut(..(k1 - k0) * PANEL),
-            ) {
-                (Some(s), Some(d)) => {
-                    simd::widen_bf16(isa, s, d);
-                    true
-                }
-                _ => false,
-            },
+            Src::Panel(_) => false,
         }
     }
 }
@@ -334,7 +325,7 @@ fn packed<'x>(
     };
     let (acc_all, rest) = scratch.split_at_mut(tb * PANEL);
     let panel = &mut rest[..kc * PANEL];
-    if whole && !src.fill(isa, 0, n, panel) {
+    if whole && !matches!(src, Src::Panel(_)) && !src.fill(isa, 0, n, panel) {
         return false;
     }
     let step = if whole { KC } else { kc };
@@ -350,18 +341,27 @@ fn packed<'x>(
         let mut k0 = 0;
         while k0 < n {
             let k1 = (k0 + step).min(n);
-            let block = if whole {
-                &panel[k0 * PANEL..k1 * PANEL]
-            } else {
-                if !src.fill(isa, k0, k1, panel) {
-                    return false;
-                }
-                &panel[..]
-            };
             if t0 == 0 {
                 fetch(k0, k1);
             }
-            if !simd::panel_fma(isa, &xs[..m], k0, k1, block, acc) {
+            let ok = if let Src::Panel(p) = src {
+                // Panel-layout weights are already in panel order: widened as loaded.
+                match p.get(k0 * PANEL..k1 * PANEL) {
+                    Some(b) => simd::panel_fma_bf16(isa, &xs[..m], k0, k1, b, acc),
+                    None => false,
+                }
+            } else {
+                let block = if whole {
+                    &panel[k0 * PANEL..k1 * PANEL]
+                } else {
+                    if !src.fill(isa, k0, k1, panel) {
+                        return false;
+                    }
+                    &panel[..]
+                };
+                simd::panel_fma(isa, &xs[..m], k0, k1, block, acc)
+            };
+            if !ok {
                 return false;
             }
             k0 = k1;

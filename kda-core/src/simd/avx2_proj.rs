@@ -82,10 +82,10 @@ pub(super) unsafe fn pack_panel<W: Lanes>(ws: &[&[W]], k0: usize, k1: usize, pan
 /// `MT` tokens × 16 outputs: the register block of the packed GEMM (12 accumulators, two
 /// panel loads and one broadcast per step at `MT` = 6).
 #[inline(always)]
-unsafe fn panel_block<const MT: usize>(
+unsafe fn panel_block<W: Lanes, const MT: usize>(
     x: [*const f32; MT],
     kc: usize,
-    panel: *const f32,
+    panel: *const W,
     acc: *mut f32,
 ) {
     let mut a = [[_mm256_setzero_ps(); 2]; MT];
@@ -98,8 +98,8 @@ unsafe fn panel_block<const MT: usize>(
     macro_rules! step {
         ($p:expr) => {{
             let p = $p;
-            let b0 = _mm256_loadu_ps(panel.add(p * PANEL));
-            let b1 = _mm256_loadu_ps(panel.add(p * PANEL + 8));
+            let b0 = W::load8(panel.add(p * PANEL));
+            let b1 = W::load8(panel.add(p * PANEL + 8));
             for (t, a) in a.iter_mut().enumerate() {
                 let xv = _mm256_broadcast_ss(&*x[t].add(p));
                 a[0] = _mm256_fmadd_ps(xv, b0, a[0]);
@@ -117,13 +117,14 @@ unsafe fn panel_block<const MT: usize>(
     }
 }
 
-/// Continues `acc[t·16 + r]` over `k0..k1` from a packed panel, tokens in blocks of 6.
+/// Continues `acc[t·16 + r]` over `k0..k1` from a packed panel (f32, or bf16 in the panel
+/// layout, widened as it is loaded), tokens in blocks of 6.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn panel_fma(
+pub(super) unsafe fn panel_fma<W: Lanes>(
     xs: &[&[f32]],
     k0: usize,
     k1: usize,
-    panel: &[f32],
+    panel: &[W],
     acc: &mut [f32],
 ) {
     let (pp, ap) = (panel.as_ptr(), acc.as_mut_ptr());
@@ -133,7 +134,7 @@ pub(super) unsafe fn panel_fma(
         macro_rules! block {
             ($mt:literal) => {{
                 let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr().add(k0));
-                panel_block::<$mt>(x, kc, pp, a)
+                panel_block::<W, $mt>(x, kc, pp, a)
             }};
         }
         match xg.len() {
@@ -237,22 +238,6 @@ pub(super) unsafe fn rows_fma<W: Lanes>(
                 _ => block!(1),
             }
         }
-    }
-}
-
-/// `dst[i] = widen(src[i])` (bf16 → f32, exact).
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-    let n = src.len().min(dst.len());
-    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
-    let mut i = 0;
-    while i + 8 <= n {
-        _mm256_storeu_ps(dp.add(i), load_bf16(sp.add(i)));
-        i += 8;
-    }
-    while i < n {
-        *dp.add(i) = (*sp.add(i)).widen();
-        i += 1;
     }
 }
 

@@ -269,15 +269,41 @@ pub fn panels_fma(
     true
 }
 
-/// `dst[i] = src[i]` widened to f32 (exact) for the common length.
-pub fn widen_bf16(isa: Isa, src: &[bf16], dst: &mut [f32]) {
+/// [`panel_fma`] straight from a bf16 panel of the panel layout (`panel` starts at step
+/// `k0`, element `(k, r)` at `16·(k − k0) + r`), widened as it is loaded: the same sums,
+/// bitwise, without a widened copy. Returns false if a slice is too short.
+#[must_use]
+pub fn panel_fma_bf16(
+    isa: Isa,
+    xs: &[&[f32]],
+    k0: usize,
+    k1: usize,
+    panel: &[bf16],
+    acc: &mut [f32],
+) -> bool {
+    if k0 > k1
+        || panel.len() < (k1 - k0) * PANEL
+        || acc.len() < xs.len() * PANEL
+        || xs.iter().any(|x| x.len() < k1)
+    {
+        return false;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && avx2_fma_supported() {
-        // SAFETY: AVX2+FMA present; the kernel stays within the shorter slice.
-        unsafe { avx2_proj::widen_bf16(src, dst) };
-        return;
+        // SAFETY: AVX2+FMA present; lengths checked above.
+        unsafe { avx2_proj::panel_fma(xs, k0, k1, panel, acc) };
+        return true;
     }
-    portable::widen_bf16(src, dst);
+    // Portable: widen 16 steps at a time and accumulate in the same order.
+    let mut buf = [0.0f32; 16 * PANEL];
+    let mut k = k0;
+    while k < k1 {
+        let kb = (k1 - k).min(16);
+        portable::widen_bf16(&panel[(k - k0) * PANEL..(k - k0 + kb) * PANEL], &mut buf);
+        portable::panel_fma(xs, k, k + kb, &buf, acc);
+        k += kb;
+    }
+    true
 }
 
 /// Hints the CPU to bring `data` into its outer caches (one prefetch per 64-byte line), so
@@ -627,12 +653,27 @@ mod tests {
                     &mut acc[..4 * 4 * PANEL - 1]
                 ));
                 assert!(!panels_fma(isa, &[], &ps, 0, n, &mut acc));
-                let mut wide = std::vec![0.0f32; n];
-                widen_bf16(isa, &wv[0], &mut wide);
-                assert!(wide
-                    .iter()
-                    .zip(&wv[0])
-                    .all(|(a, b)| a.to_bits() == b.to_f32().to_bits()));
+                // The bf16 panel kernel of prefill, in two k-blocks: the same bits as packing
+                // the rows.
+                for mt in 1..=4 {
+                    let xg = &xs[..mt];
+                    let want = project(isa, n, xg, Rows::Bf16(&ws[..PANEL]), 0, true);
+                    let mut acc = std::vec![0.0f32; mt * PANEL];
+                    let h = n / 2;
+                    assert!(panel_fma_bf16(isa, xg, 0, h, &ps[0][..h * PANEL], &mut acc));
+                    assert!(panel_fma_bf16(isa, xg, h, n, &ps[0][h * PANEL..], &mut acc));
+                    assert!(!panel_fma_bf16(
+                        isa,
+                        xg,
+                        h,
+                        n + 1,
+                        &ps[0][h * PANEL..],
+                        &mut acc
+                    ));
+                    for (a, b) in acc.iter().zip(&want) {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{isa:?} panel_fma_bf16 n={n}");
+                    }
+                }
             }
         }
     }
