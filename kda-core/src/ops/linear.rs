@@ -173,8 +173,9 @@ pub fn project_tile<'x>(
 }
 
 /// [`project_tile`] for a matrix in the panel layout: decode streams up to four 16-row panels
-/// at once ([`simd::panels_fma`]), prefill widens each panel into the GEMM's f32 panel (no
-/// transposes). Same sums, bitwise, as the row-major paths.
+/// at once ([`simd::panels_fma`]), prefill runs the GEMM straight from each bf16 panel
+/// ([`simd::panel_fma_bf16`]: no packing, no transposes). Same sums, bitwise, as the
+/// row-major paths.
 #[allow(clippy::too_many_arguments)]
 fn project_panels<'x>(
     isa: Isa,

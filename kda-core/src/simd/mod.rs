@@ -186,11 +186,7 @@ pub fn panel_fma(
     panel: &[f32],
     acc: &mut [f32],
 ) -> bool {
-    if k0 > k1
-        || panel.len() < (k1 - k0) * PANEL
-        || acc.len() < xs.len() * PANEL
-        || xs.iter().any(|x| x.len() < k1)
-    {
+    if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
@@ -201,6 +197,15 @@ pub fn panel_fma(
     }
     portable::panel_fma(xs, k0, k1, panel, acc);
     true
+}
+
+/// Whether a panel of `panel_len` elements and accumulators of `acc_len` cover tokens `xs`
+/// over steps `k0..k1`.
+fn panel_args_ok(xs: &[&[f32]], k0: usize, k1: usize, panel_len: usize, acc_len: usize) -> bool {
+    k0 <= k1
+        && panel_len >= (k1 - k0) * PANEL
+        && acc_len >= xs.len() * PANEL
+        && xs.iter().all(|x| x.len() >= k1)
 }
 
 /// Continues `acc[t·32 + r]` over `k0..k1` straight from up to [`DIRECT`] weight rows (the
@@ -281,11 +286,7 @@ pub fn panel_fma_bf16(
     panel: &[bf16],
     acc: &mut [f32],
 ) -> bool {
-    if k0 > k1
-        || panel.len() < (k1 - k0) * PANEL
-        || acc.len() < xs.len() * PANEL
-        || xs.iter().any(|x| x.len() < k1)
-    {
+    if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
