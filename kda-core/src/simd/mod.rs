@@ -120,6 +120,8 @@ impl Rows<'_, '_> {
 /// weight formats of `$ws` (bound to `$w`); `$widen` is the portable widening function.
 macro_rules! rows_dispatch {
     ($isa:expr, $ws:expr, |$w:ident, $widen:ident| $avx:expr, $port:expr) => {{
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = $isa;
         match $ws {
             Rows::F32($w) => {
                 #[cfg(target_arch = "x86_64")]
@@ -186,6 +188,8 @@ pub fn panel_fma(
     panel: &[f32],
     acc: &mut [f32],
 ) -> bool {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
         return false;
     }
@@ -255,6 +259,8 @@ pub fn panels_fma(
     k1: usize,
     acc: &mut [f32],
 ) -> bool {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     if k0 > k1
         || !(1..=4).contains(&xs.len())
         || !(1..=4).contains(&panels.len())
@@ -286,6 +292,8 @@ pub fn panel_fma_bf16(
     panel: &[bf16],
     acc: &mut [f32],
 ) -> bool {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
         return false;
     }
