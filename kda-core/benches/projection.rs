@@ -120,40 +120,10 @@ fn decode(c: &mut Criterion, isa: Isa) {
         b.iter(|| black_box(read_panels(&pk, COLS)))
     });
     g.bench_function("project_1_token_panels", |b| {
-        b.iter(|| {
-            let row = |_: usize| x.as_slice();
-            let mut scratch = [0.0f32; 384];
-            for o0 in (0..ROWS).step_by(64) {
-                assert!(project_tile(
-                    isa,
-                    &row,
-                    1,
-                    &mp,
-                    o0,
-                    o0 + 64,
-                    &mut scratch,
-                    &mut |_, o, v| out[o..o + v.len()].copy_from_slice(v)
-                ));
-            }
-        })
+        b.iter(|| decode_token(isa, &x, &mp, &mut out))
     });
     g.bench_function("project_1_token", |b| {
-        b.iter(|| {
-            let row = |_: usize| x.as_slice();
-            let mut scratch = [0.0f32; 384];
-            for o0 in (0..ROWS).step_by(32) {
-                assert!(project_tile(
-                    isa,
-                    &row,
-                    1,
-                    &m,
-                    o0,
-                    o0 + 32,
-                    &mut scratch,
-                    &mut |_, o, v| out[o..o + v.len()].copy_from_slice(v)
-                ));
-            }
-        })
+        b.iter(|| decode_token(isa, &x, &m, &mut out))
     });
     g.finish();
     black_box(&out);
@@ -161,6 +131,24 @@ fn decode(c: &mut Criterion, isa: Isa) {
 
 criterion_group!(benches, bench);
 criterion_main!(benches);
+
+/// One token `x` through `m` in 64-row tiles, as the layer's decode runs them.
+fn decode_token(isa: Isa, x: &[f32], m: &MatRef<'_>, out: &mut [f32]) {
+    let row = |_: usize| x;
+    let mut scratch = [0.0f32; 384];
+    for o0 in (0..m.rows()).step_by(64) {
+        assert!(project_tile(
+            isa,
+            &row,
+            1,
+            m,
+            o0,
+            (o0 + 64).min(m.rows()),
+            &mut scratch,
+            &mut |_, o, v| out[o..o + v.len()].copy_from_slice(v)
+        ));
+    }
+}
 
 /// XOR of every 32-byte unit of the panel-layout matrix `pk`, four panels at a time in the
 /// order the decode kernel reads them.

@@ -474,6 +474,17 @@ fn proj_tile(
     let cfg = plan.cfg;
     // exp(A_log) of the head of the last row seen: rows arrive in order within a tile.
     let mut head_a: (usize, Option<f32>) = (usize::MAX, None);
+    let mut post = |o: usize, v: f32| match p.post {
+        Post::None => v,
+        Post::Sigmoid => sigmoid(v),
+        Post::Decay => {
+            let h = o / cfg.head_dim;
+            if head_a.0 != h {
+                head_a = (h, plan.w.a_log.map(|a| crate::math::exp(a.at(h))));
+            }
+            decay_one(cfg.decay_gate, head_a.1, plan.w.dt_bias, o, v)
+        }
+    };
     let mut store = |t: usize, first: usize, vals: &[f32]| {
         // A run that lands contiguously (one head of a head-major buffer, or a token-major
         // row) is written as a slice; anything else element by element.
@@ -482,17 +493,14 @@ fn proj_tile(
             Layout::TokenMajor { .. } => true,
             Layout::Transposed { .. } => vals.len() <= 1,
         };
-        if contiguous && !matches!(p.post, Post::Decay) {
-            // SAFETY: as for the element writes below: the range covers outputs
+        if contiguous {
+            // SAFETY: tiles of different tasks cover different output rows, and every layout
+            // maps distinct (t, o) to distinct indices; the range covers outputs
             // `first..first + len` of token `t`, which only this task writes.
             match unsafe { p.out.slice(p.layout.index(t, first), vals.len()) } {
                 Some(dst) => {
-                    for (d, &v) in dst.iter_mut().zip(vals) {
-                        *d = if matches!(p.post, Post::Sigmoid) {
-                            sigmoid(v)
-                        } else {
-                            v
-                        };
+                    for (j, (d, &v)) in dst.iter_mut().zip(vals).enumerate() {
+                        *d = post(first + j, v);
                     }
                 }
                 None => failed.set(),
@@ -501,20 +509,8 @@ fn proj_tile(
         }
         for (j, &v) in vals.iter().enumerate() {
             let o = first + j;
-            let v = match p.post {
-                Post::None => v,
-                Post::Sigmoid => sigmoid(v),
-                Post::Decay => {
-                    let h = o / cfg.head_dim;
-                    if head_a.0 != h {
-                        head_a = (h, plan.w.a_log.map(|a| crate::math::exp(a.at(h))));
-                    }
-                    decay_one(cfg.decay_gate, head_a.1, plan.w.dt_bias, o, v)
-                }
-            };
-            // SAFETY: tiles of different tasks cover different output rows `o`, and every
-            // layout maps distinct (t, o) to distinct indices, so no element is shared.
-            if !unsafe { p.out.write(p.layout.index(t, o), v) } {
+            // SAFETY: as above, for one element.
+            if !unsafe { p.out.write(p.layout.index(t, o), post(o, v)) } {
                 failed.set();
             }
         }

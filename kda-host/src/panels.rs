@@ -3,7 +3,7 @@
 //! CPU projection kernels stream best (decode reads 16 outputs' weights for one input in one
 //! load; prefill needs no per-call packing). Results are bitwise the same as row-major.
 
-use kda_core::{bf16, pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef};
+use kda_core::{bf16, pack_panels, panels_len, Data, GateWeights, KdaError, KdaWeights, MatRef};
 
 use crate::error::HostError;
 
@@ -44,9 +44,8 @@ impl Panels {
         for m in mats_mut(&mut w) {
             let packed = match m.data() {
                 Data::Bf16(_) if !m.is_panels() => {
-                    let n = panels_len(m.rows(), m.cols()).ok_or(HostError::Alloc {
-                        what: "panel-layout weights".into(),
-                        bytes: u128::MAX,
+                    let n = panels_len(m.rows(), m.cols()).ok_or(KdaError::Overflow {
+                        what: "panel-layout weights",
                     })?;
                     let mut v = crate::error::try_zeroed::<bf16>(n, "panel-layout weights")?;
                     pack_panels(m, &mut v)?;
@@ -65,7 +64,7 @@ impl Panels {
         let mut out = *w;
         let slots = mats_mut(&mut out);
         if slots.len() != self.mats.len() {
-            return Err(HostError::Core(kda_core::KdaError::Weights {
+            return Err(HostError::Core(KdaError::Weights {
                 arg: "panels",
                 reason: "made from weights of another shape",
             }));

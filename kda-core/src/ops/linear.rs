@@ -95,13 +95,14 @@ pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
 
 /// Computes weight rows `o0..o1` of `x · Wᵀ` for `tokens` input rows (`row(t)` gives row `t`,
 /// at least `W.cols` long) and hands the values to `store(t, o, vals)`: outputs `o..o +
-/// vals.len()` of token `t` (up to 16 at a time).
+/// vals.len()` of token `t` (up to 32 at a time).
 ///
 /// With more than four tokens and enough `scratch`, rows go 16 at a time: each k-block of
 /// the 16 rows is packed once (bf16 widened) into a panel that every 6-token register block
 /// streams through (a BLIS-style GEMM); otherwise rows go 32 at a time straight from the
-/// weights, transposed in registers. Both compute each output as one in-order chain over the reduction (see
-/// [`simd::panel_fma`]), so every value is bitwise the same for any `o0..o1` split, any
+/// weights, transposed in registers. Panel-layout weights skip the packing and the
+/// transposes. Every path computes each output as one in-order chain over the reduction
+/// (see [`simd::panel_fma`]), so every value is bitwise the same for any `o0..o1` split, any
 /// `tokens`, and any scratch size: decode and prefill, and any thread count, agree exactly.
 /// Returns false if a row is too short (an internal bug).
 #[allow(clippy::too_many_arguments)]
@@ -227,23 +228,22 @@ fn project_panels<'x>(
     while pa < p1 {
         let pb = (pa + 4).min(p1);
         let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
-        let mut t0 = 0;
-        while t0 < tokens {
-            let m = (tokens - t0).min(DIRECT_MAX);
-            let xs: [&[f32]; DIRECT_MAX] =
-                core::array::from_fn(|i| if i < m { row(t0 + i) } else { &[] });
+        let ok = token_groups(row, tokens, &mut |t0, xs| {
             acc.fill(0.0);
-            if !simd::panels_fma(isa, &xs[..m], &panels[..pb - pa], 0, n, &mut acc) {
+            if !simd::panels_fma(isa, xs, &panels[..pb - pa], 0, n, &mut acc) {
                 return false;
             }
-            for (i, a) in acc.chunks_exact(4 * PANEL).take(m).enumerate() {
+            for (i, a) in acc.chunks_exact(4 * PANEL).take(xs.len()).enumerate() {
                 for p in pa..pb {
                     let (lo, hi) = part(p);
                     let v = &a[(p - pa) * PANEL..(p - pa + 1) * PANEL];
                     store(t0 + i, p * PANEL + lo, &v[lo..hi]);
                 }
             }
-            t0 += m;
+            true
+        });
+        if !ok {
+            return false;
         }
         pa = pb;
     }
@@ -259,16 +259,6 @@ enum Src<'a, 'w> {
     Panel(&'w [bf16]),
 }
 
-impl Src<'_, '_> {
-    /// Fills the f32 panel for `k0..k1` (row-major rows; panel-layout weights need none).
-    fn fill(&self, isa: Isa, k0: usize, k1: usize, panel: &mut [f32]) -> bool {
-        match self {
-            Src::Rows(ws) => simd::pack_panel(isa, *ws, k0, k1, panel),
-            Src::Panel(_) => false,
-        }
-    }
-}
-
 /// Up to 32 rows straight from the weight rows, up to four tokens at a time.
 fn direct<'x>(
     isa: Isa,
@@ -280,17 +270,32 @@ fn direct<'x>(
     put: &mut dyn FnMut(usize, &[f32]),
 ) -> bool {
     let mut acc = [0.0f32; DIRECT * DIRECT_MAX];
+    token_groups(row, tokens, &mut |t0, xs| {
+        acc.fill(0.0);
+        if !simd::rows_fma(isa, xs, ws, 0, n, &mut acc) {
+            return false;
+        }
+        for (i, a) in acc.chunks_exact(DIRECT).take(xs.len()).enumerate() {
+            put(t0 + i, &a[..mr]);
+        }
+        true
+    })
+}
+
+/// Calls `f(t0, rows t0..t0 + m)` for consecutive groups of up to [`DIRECT_MAX`] tokens;
+/// false as soon as `f` is.
+fn token_groups<'x>(
+    row: &dyn Fn(usize) -> &'x [f32],
+    tokens: usize,
+    f: &mut dyn FnMut(usize, &[&'x [f32]]) -> bool,
+) -> bool {
     let mut t0 = 0;
     while t0 < tokens {
         let m = (tokens - t0).min(DIRECT_MAX);
         let xs: [&[f32]; DIRECT_MAX] =
             core::array::from_fn(|i| if i < m { row(t0 + i) } else { &[] });
-        acc.fill(0.0);
-        if !simd::rows_fma(isa, &xs[..m], ws, 0, n, &mut acc) {
+        if !f(t0, &xs[..m]) {
             return false;
-        }
-        for (i, a) in acc.chunks_exact(DIRECT).take(m).enumerate() {
-            put(t0 + i, &a[..mr]);
         }
         t0 += m;
     }
@@ -326,8 +331,10 @@ fn packed<'x>(
     };
     let (acc_all, rest) = scratch.split_at_mut(tb * PANEL);
     let panel = &mut rest[..kc * PANEL];
-    if whole && !matches!(src, Src::Panel(_)) && !src.fill(isa, 0, n, panel) {
-        return false;
+    if let (true, Src::Rows(ws)) = (whole, src) {
+        if !simd::pack_panel(isa, ws, 0, n, panel) {
+            return false;
+        }
     }
     let step = if whole { KC } else { kc };
     let mut xs: [&[f32]; TB] = [&[]; TB];
@@ -345,22 +352,18 @@ fn packed<'x>(
             if t0 == 0 {
                 fetch(k0, k1);
             }
-            let ok = if let Src::Panel(p) = src {
+            let ok = match src {
                 // Panel-layout weights are already in panel order: widened as loaded.
-                match p.get(k0 * PANEL..k1 * PANEL) {
-                    Some(b) => simd::panel_fma_bf16(isa, &xs[..m], k0, k1, b, acc),
-                    None => false,
+                Src::Panel(p) => p
+                    .get(k0 * PANEL..k1 * PANEL)
+                    .is_some_and(|b| simd::panel_fma_bf16(isa, &xs[..m], k0, k1, b, acc)),
+                Src::Rows(_) if whole => {
+                    simd::panel_fma(isa, &xs[..m], k0, k1, &panel[k0 * PANEL..k1 * PANEL], acc)
                 }
-            } else {
-                let block = if whole {
-                    &panel[k0 * PANEL..k1 * PANEL]
-                } else {
-                    if !src.fill(isa, k0, k1, panel) {
-                        return false;
-                    }
-                    &panel[..]
-                };
-                simd::panel_fma(isa, &xs[..m], k0, k1, block, acc)
+                Src::Rows(ws) => {
+                    simd::pack_panel(isa, ws, k0, k1, panel)
+                        && simd::panel_fma(isa, &xs[..m], k0, k1, panel, acc)
+                }
             };
             if !ok {
                 return false;

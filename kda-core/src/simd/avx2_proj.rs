@@ -42,9 +42,9 @@ impl Lanes for bf16 {
     }
 }
 
-/// Row pointers of a tile, the last row repeated to fill 16.
+/// Row pointers of a tile, the last row repeated to fill `N`.
 #[inline(always)]
-fn row_ptrs<W>(ws: &[&[W]]) -> [*const W; PANEL] {
+fn row_ptrs<W, const N: usize>(ws: &[&[W]]) -> [*const W; N] {
     core::array::from_fn(|r| ws[r.min(ws.len() - 1)].as_ptr())
 }
 
@@ -59,7 +59,7 @@ unsafe fn column<W: Lanes>(rp: &[*const W], k: usize) -> __m256 {
 /// (bf16 widened on the way), a column at a time for the last `(k1 − k0) % 8`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn pack_panel<W: Lanes>(ws: &[&[W]], k0: usize, k1: usize, panel: &mut [f32]) {
-    let rp = row_ptrs(ws);
+    let rp: [*const W; PANEL] = row_ptrs(ws);
     let pp = panel.as_mut_ptr();
     let mut k = k0;
     while k + 8 <= k1 {
@@ -206,7 +206,7 @@ pub(super) unsafe fn rows_fma<W: Lanes>(
     k1: usize,
     acc: &mut [f32],
 ) {
-    let rp: [*const W; DIRECT] = core::array::from_fn(|r| ws[r.min(ws.len() - 1)].as_ptr());
+    let rp: [*const W; DIRECT] = row_ptrs(ws);
     let ap = acc.as_mut_ptr();
     let groups = ws.len().div_ceil(8);
     if xs.len() == 1 {

@@ -95,7 +95,8 @@ pub const PANEL: usize = 16;
 /// Most weight rows per [`rows_fma`] call, and its accumulator row stride.
 pub const DIRECT: usize = 32;
 
-/// Up to [`PANEL`] weight rows of a projection tile, f32 or bf16.
+/// Weight rows of a projection tile, f32 or bf16: up to [`PANEL`] for [`pack_panel`], up to
+/// [`DIRECT`] for [`rows_fma`].
 #[derive(Clone, Copy)]
 pub enum Rows<'a, 'b> {
     /// f32 rows.
@@ -303,15 +304,7 @@ pub fn panel_fma_bf16(
         unsafe { avx2_proj::panel_fma(xs, k0, k1, panel, acc) };
         return true;
     }
-    // Portable: widen 16 steps at a time and accumulate in the same order.
-    let mut buf = [0.0f32; 16 * PANEL];
-    let mut k = k0;
-    while k < k1 {
-        let kb = (k1 - k).min(16);
-        portable::widen_bf16(&panel[(k - k0) * PANEL..(k - k0 + kb) * PANEL], &mut buf);
-        portable::panel_fma(xs, k, k + kb, &buf, acc);
-        k += kb;
-    }
+    portable::panel_fma_bf16(xs, k0, k1, panel, acc, PANEL);
     true
 }
 

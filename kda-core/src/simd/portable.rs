@@ -92,7 +92,20 @@ pub(super) fn pack_panel<W: Copy>(
 
 /// `acc[t·16 + r] += x[t][k] · panel[(k − k0)·16 + r]` for k in order (multiply, then add).
 pub(super) fn panel_fma(xs: &[&[f32]], k0: usize, k1: usize, panel: &[f32], acc: &mut [f32]) {
-    for (x, a) in xs.iter().zip(acc.chunks_exact_mut(PANEL)) {
+    panel_fma_strided(xs, k0, k1, panel, acc, PANEL);
+}
+
+/// [`panel_fma`] with token `t`'s 16 accumulators at `acc[t·stride..]`.
+fn panel_fma_strided(
+    xs: &[&[f32]],
+    k0: usize,
+    k1: usize,
+    panel: &[f32],
+    acc: &mut [f32],
+    stride: usize,
+) {
+    for (x, a) in xs.iter().zip(acc.chunks_mut(stride)) {
+        let a = &mut a[..PANEL];
         for (xv, col) in x[k0..k1].iter().zip(panel.chunks_exact(PANEL)) {
             for (a, p) in a.iter_mut().zip(col) {
                 *a += *xv * *p;
@@ -138,32 +151,33 @@ pub(super) fn rows_fma<W: Copy>(
     }
 }
 
-/// The sums of [`panel_fma`] from bf16 panel-layout weights (`acc[t·64 + 16p + r]`): each
-/// 16-step slice of a panel is widened, then accumulated in the same order.
-pub(super) fn panels_fma(xs: &[&[f32]], panels: &[&[bf16]], k0: usize, k1: usize, acc: &mut [f32]) {
+/// [`panel_fma_strided`] from a bf16 panel (starting at step `k0`): each 16-step slice is
+/// widened, then accumulated in the same order.
+pub(super) fn panel_fma_bf16(
+    xs: &[&[f32]],
+    k0: usize,
+    k1: usize,
+    panel: &[bf16],
+    acc: &mut [f32],
+    stride: usize,
+) {
     let mut buf = [0.0f32; 16 * PANEL];
-    for (p, panel) in panels.iter().enumerate() {
-        let mut k = k0;
-        while k < k1 {
-            let kb = (k1 - k).min(16);
-            for (d, s) in buf.iter_mut().zip(&panel[k * PANEL..(k + kb) * PANEL]) {
-                *d = bf16_to_f32(*s);
-            }
-            for (x, a) in xs.iter().zip(acc.chunks_exact_mut(4 * PANEL)) {
-                let a = &mut a[p * PANEL..(p + 1) * PANEL];
-                for (xv, col) in x[k..k + kb].iter().zip(buf.chunks_exact(PANEL)) {
-                    for (a, w) in a.iter_mut().zip(col) {
-                        *a += *xv * *w;
-                    }
-                }
-            }
-            k += kb;
+    let mut k = k0;
+    while k < k1 {
+        let kb = (k1 - k).min(16);
+        let src = &panel[(k - k0) * PANEL..(k - k0 + kb) * PANEL];
+        for (d, s) in buf.iter_mut().zip(src) {
+            *d = bf16_to_f32(*s);
         }
+        panel_fma_strided(xs, k, k + kb, &buf, acc, stride);
+        k += kb;
     }
 }
 
-pub(super) fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = bf16_to_f32(*s);
+/// The sums of [`panel_fma`] from bf16 panel-layout weights (`acc[t·64 + 16p + r]`).
+pub(super) fn panels_fma(xs: &[&[f32]], panels: &[&[bf16]], k0: usize, k1: usize, acc: &mut [f32]) {
+    for (p, panel) in panels.iter().enumerate() {
+        let src = &panel[k0 * PANEL..];
+        panel_fma_bf16(xs, k0, k1, src, &mut acc[p * PANEL..], 4 * PANEL);
     }
 }
