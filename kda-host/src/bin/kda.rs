@@ -16,7 +16,7 @@ use kda_host::io::{write_output, Input};
 use kda_host::rng::Rng;
 use kda_host::state_file::{read_state, write_state};
 use kda_host::{
-    Checkpoint, HostError, Mode, Model, OwnedLayer, Runner, SequenceCaches, WeightDtype,
+    Checkpoint, HostError, Mode, Model, OwnedLayer, Panels, Runner, SequenceCaches, WeightDtype,
 };
 
 #[derive(Parser)]
@@ -166,6 +166,10 @@ enum LayoutArg {
 fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     let cfg = KdaConfig::kimi_k3(1024, 8, 32);
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, seed).map_err(|e| e.to_string())?;
+    // The default layout of `kda forward` and `kda bench`: bf16 matrices in panels.
+    let base = layer.weights().map_err(|e| e.to_string())?;
+    let panels = Panels::new(&base).map_err(|e| e.to_string())?;
+    let w = panels.weights(&base).map_err(|e| e.to_string())?;
     let mut caches = SequenceCaches::new(&cfg, 1).map_err(|e| e.to_string())?;
     let mut runner = Runner::default();
     let mut rng = Rng::new(seed ^ 0x5eed);
@@ -183,7 +187,15 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     let x = rng.normals(prompt * cfg.hidden, 1.0);
     let t = Instant::now();
     let y = runner
-        .forward(&layer, &x, &[0, prompt], &mut caches, InitialCaches::Zero)
+        .forward_weights(
+            &cfg,
+            &w,
+            &x,
+            &[0, prompt],
+            &mut caches,
+            InitialCaches::Zero,
+            Mode::Auto,
+        )
         .map_err(|e| e.to_string())?;
     let dt = t.elapsed().as_secs_f64();
     let rms = (y.iter().map(|v| (v * v) as f64).sum::<f64>() / y.len().max(1) as f64).sqrt();
@@ -197,7 +209,7 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     for _ in 0..steps {
         let xt = rng.normals(cfg.hidden, 1.0);
         last = runner
-            .decode(&layer, &xt, &mut caches)
+            .decode_weights(&cfg, &w, &xt, &mut caches)
             .map_err(|e| e.to_string())?;
     }
     let dt = t.elapsed().as_secs_f64();
