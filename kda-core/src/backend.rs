@@ -16,14 +16,14 @@ use crate::cache::CachesMut;
 use crate::config::KdaConfig;
 use crate::error::KdaError;
 use crate::exec::{Executor, Serial};
-use crate::layer::{self, ForwardOptions, InitialCaches};
-use crate::weights::KdaWeights;
+use crate::layer::{self, Batch, ForwardOptions, InitialCaches, KdaLayer, Mode};
 
 /// A device that can run KDA layers.
 pub trait KdaBackend {
     /// The backend's error; every core validation error converts into it.
     type Error: From<KdaError> + core::fmt::Debug;
-    /// Layer weights as the backend stores them.
+    /// Layer weights as the backend stores them (for the CPU backend, a validated
+    /// [`KdaLayer`]).
     type Weights<'a>;
     /// Input rows `[T, hidden]`.
     type Input<'a>;
@@ -40,7 +40,10 @@ pub trait KdaBackend {
     /// Workspace for a decode step over `batch` sequences.
     fn decode_workspace_len(&self, cfg: &KdaConfig, batch: usize) -> Result<usize, Self::Error>;
 
-    /// Sequence forward over packed sequences (see [`layer::forward`] for the contract).
+    /// Sequence forward over packed sequences (see [`KdaLayer::forward`] for the contract).
+    /// `cfg` must be the configuration the weights were loaded for.
+    // Eight arguments: one layer call with the backend's own buffer types, which a struct of
+    // generic associated types would only rename.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &mut self,
@@ -54,7 +57,7 @@ pub trait KdaBackend {
         workspace: Self::Workspace<'_>,
     ) -> Result<(), Self::Error>;
 
-    /// One token for each of `N` sequences (see [`layer::decode_step`]).
+    /// One token for each of `N` sequences (see [`KdaLayer::decode_step`]).
     fn decode_step(
         &mut self,
         cfg: &KdaConfig,
@@ -66,19 +69,32 @@ pub trait KdaBackend {
     ) -> Result<(), Self::Error>;
 }
 
-/// The allocation-free CPU backend over borrowed slices: options for every forward, and an
-/// executor (in order by default; the host crate supplies a threaded one).
+/// The allocation-free CPU backend over borrowed slices: options for the workspace sizes,
+/// and an executor (in order by default; the host crate supplies a threaded one). Its weights
+/// are a [`KdaLayer`], validated once when it was built.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cpu<E = Serial> {
-    /// Mode, chunk size and kernel path of forward calls.
+    /// Mode, chunk size and kernel path the workspace sizes are computed for.
     pub opts: ForwardOptions,
     /// Runs the layer's independent tasks.
     pub exec: E,
 }
 
+/// `Ok` when `cfg` is the layer's configuration.
+fn same_config(cfg: &KdaConfig, layer: &KdaLayer<'_>) -> Result<(), KdaError> {
+    if cfg == layer.config() {
+        Ok(())
+    } else {
+        Err(KdaError::Config {
+            field: "cfg",
+            reason: "differs from the configuration the layer was built with",
+        })
+    }
+}
+
 impl<E: Executor> KdaBackend for Cpu<E> {
     type Error = KdaError;
-    type Weights<'a> = KdaWeights<'a>;
+    type Weights<'a> = KdaLayer<'a>;
     type Input<'a> = &'a [f32];
     type Output<'a> = &'a mut [f32];
     type Caches<'a> = CachesMut<'a>;
@@ -89,17 +105,14 @@ impl<E: Executor> KdaBackend for Cpu<E> {
     }
 
     fn decode_workspace_len(&self, cfg: &KdaConfig, batch: usize) -> Result<usize, KdaError> {
-        let opts = ForwardOptions {
-            isa: self.opts.isa,
-            ..ForwardOptions::recurrent()
-        };
+        let opts = self.opts.with_mode(Mode::Recurrent);
         layer::workspace_len(cfg, &opts, batch, self.exec.workers())
     }
 
     fn forward(
         &mut self,
         cfg: &KdaConfig,
-        weights: &KdaWeights<'_>,
+        layer: &KdaLayer<'_>,
         x: &[f32],
         cu_seqlens: &[usize],
         caches: CachesMut<'_>,
@@ -107,29 +120,21 @@ impl<E: Executor> KdaBackend for Cpu<E> {
         out: &mut [f32],
         workspace: &mut [f32],
     ) -> Result<(), KdaError> {
-        layer::forward_with(
-            cfg, weights, x, cu_seqlens, caches, init, out, workspace, &self.opts, &self.exec,
-        )
+        same_config(cfg, layer)?;
+        let batch = Batch { x, cu_seqlens, out };
+        layer.forward(batch, caches, init, workspace, &self.exec)
     }
 
     fn decode_step(
         &mut self,
         cfg: &KdaConfig,
-        weights: &KdaWeights<'_>,
+        layer: &KdaLayer<'_>,
         x: &[f32],
         caches: CachesMut<'_>,
         out: &mut [f32],
         workspace: &mut [f32],
     ) -> Result<(), KdaError> {
-        layer::decode_step_with(
-            cfg,
-            weights,
-            x,
-            caches,
-            out,
-            workspace,
-            self.opts.isa,
-            &self.exec,
-        )
+        same_config(cfg, layer)?;
+        layer.decode_step(x, out, caches, workspace, &self.exec)
     }
 }

@@ -131,7 +131,7 @@ impl KdaConfig {
         // Every size the layer will compute must fit in usize.
         self.state_len()?;
         self.conv_state_len()?;
-        crate::layer::per_token_workspace(self)?;
+        self.token_workspace_len()?;
         mul("o_proj.weight", self.hidden, self.proj_dim_checked()?)?;
         Ok(())
     }
@@ -139,6 +139,15 @@ impl KdaConfig {
     /// `heads · head_dim`: width of the q, k, v, gate and pre-output rows.
     pub fn proj_dim(&self) -> usize {
         self.heads.saturating_mul(self.head_dim)
+    }
+
+    /// f32 elements of one token's intermediates in a layer's workspace: q, k, v, decay, output
+    /// gate (`H·K` each), beta (`H`) and the low-rank bottlenecks.
+    pub(crate) fn token_workspace_len(&self) -> Result<usize, KdaError> {
+        let d = self.proj_dim_checked()?;
+        let w = add("workspace", mul("workspace", 5, d)?, self.heads)?;
+        let ranks = add("workspace", self.decay_proj.rank(), self.output_gate.rank())?;
+        add("workspace", w, ranks)
     }
 
     pub(crate) fn proj_dim_checked(&self) -> Result<usize, KdaError> {

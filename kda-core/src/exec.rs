@@ -6,8 +6,11 @@
 //! chunked kernel → gated norm, then `o_proj` tiles. Every output element is computed by the same
 //! code whichever worker runs it, so results are bitwise identical for any number of threads.
 
+use core::cell::UnsafeCell;
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use crate::error::KdaError;
 
 /// Runs `tasks` independent tasks, possibly concurrently.
 pub trait Executor: Sync {
@@ -62,46 +65,87 @@ impl<'a> Shared<'a> {
         }
     }
 
-    /// `&mut self[start..start + len]`, or `None` when out of range.
+    /// `&mut self[start..start + len]`, or [`KdaError::Internal`] naming `what` when out of
+    /// range (the layer's plan guarantees the ranges, so this is a bug check that keeps the
+    /// unsafe access sound).
     ///
     /// # Safety
     /// No other live reference (from this or another task) may overlap the range while the
     /// returned slice is alive.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slice(&self, start: usize, len: usize) -> Option<&'a mut [f32]> {
-        let end = start.checked_add(len)?;
-        if end > self.len {
-            return None;
+    pub(crate) unsafe fn slice(
+        &self,
+        what: &'static str,
+        start: usize,
+        len: usize,
+    ) -> Result<&'a mut [f32], KdaError> {
+        match start.checked_add(len) {
+            // SAFETY: in bounds (checked); exclusivity is the caller's contract.
+            Some(end) if end <= self.len => {
+                Ok(unsafe { core::slice::from_raw_parts_mut(self.ptr.add(start), len) })
+            }
+            _ => Err(KdaError::Internal { what }),
         }
-        // SAFETY: in bounds (checked); exclusivity is the caller's contract.
-        Some(unsafe { core::slice::from_raw_parts_mut(self.ptr.add(start), len) })
     }
 
-    /// Writes one element; false when out of range.
+    /// Writes one element; [`KdaError::Internal`] naming `what` when out of range.
     ///
     /// # Safety
     /// No other task may access element `i` concurrently.
-    pub(crate) unsafe fn write(&self, i: usize, v: f32) -> bool {
+    pub(crate) unsafe fn write(
+        &self,
+        what: &'static str,
+        i: usize,
+        v: f32,
+    ) -> Result<(), KdaError> {
         if i >= self.len {
-            return false;
+            return Err(KdaError::Internal { what });
         }
         // SAFETY: in bounds (checked); exclusivity is the caller's contract.
         unsafe { self.ptr.add(i).write(v) };
-        true
+        Ok(())
     }
 }
 
-/// Records that some task hit an internal error (tasks cannot return values).
+/// The first error of a round of tasks (tasks cannot return values). The first task to fail
+/// records its error; later failures of the same round are dropped.
 #[derive(Default)]
-pub(crate) struct Failed(AtomicBool);
+pub(crate) struct FirstError {
+    /// 0: empty, 1: being written, 2: written.
+    state: AtomicU8,
+    error: UnsafeCell<Option<KdaError>>,
+}
 
-impl Failed {
-    pub(crate) fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
+// SAFETY: `error` is written by exactly one thread (the one that moved `state` from 0 to 1)
+// and read only after `state` is 2 (Release/Acquire), so accesses never race.
+unsafe impl Sync for FirstError {}
+
+impl FirstError {
+    /// Records `r`'s error if it is the first.
+    pub(crate) fn record(&self, r: Result<(), KdaError>) {
+        let Err(e) = r else { return };
+        if self
+            .state
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            // SAFETY: only the thread that won the exchange above writes, and nobody reads
+            // before `state` becomes 2.
+            unsafe { *self.error.get() = Some(e) };
+            self.state.store(2, Ordering::Release);
+        }
     }
 
-    pub(crate) fn get(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+    /// The recorded error, once every task of the round has returned.
+    pub(crate) fn take(&self) -> Result<(), KdaError> {
+        if self.state.load(Ordering::Acquire) != 2 {
+            return Ok(());
+        }
+        // SAFETY: `state` is 2: the single write has completed and happens-before this read.
+        match unsafe { *self.error.get() } {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -115,13 +159,24 @@ mod tests {
         let s = Shared::new(&mut v);
         // SAFETY: single-threaded, no overlapping borrows.
         unsafe {
-            assert!(s.slice(2, 3).is_none());
-            assert!(s.slice(usize::MAX, 2).is_none());
-            assert!(!s.write(4, 1.0));
-            assert!(s.write(3, 1.0));
-            s.slice(0, 2).unwrap()[1] = 2.0;
+            assert!(s.slice("a", 2, 3).is_err());
+            assert!(s.slice("a", usize::MAX, 2).is_err());
+            assert_eq!(s.write("w", 4, 1.0), Err(KdaError::Internal { what: "w" }));
+            assert!(s.write("w", 3, 1.0).is_ok());
+            s.slice("a", 0, 2).unwrap()[1] = 2.0;
         }
         assert_eq!(v, [0.0, 2.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn first_error_keeps_the_first() {
+        let f = FirstError::default();
+        assert_eq!(f.take(), Ok(()));
+        f.record(Ok(()));
+        assert_eq!(f.take(), Ok(()));
+        f.record(Err(KdaError::Internal { what: "one" }));
+        f.record(Err(KdaError::Internal { what: "two" }));
+        assert_eq!(f.take(), Err(KdaError::Internal { what: "one" }));
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use kda_core::{DecayGate, GateProj, InitialCaches, KdaConfig};
+use kda_core::{DecayGate, ForwardOptions, GateProj, InitialCaches, KdaConfig, KdaLayer, Mode};
 use rayon::prelude::*;
 
 use crate::cache::SequenceCaches;
@@ -21,7 +21,7 @@ use crate::error::{HostError, Result};
 use crate::layer::{OwnedGate, OwnedLayer, WeightDtype};
 use crate::panels::Panels;
 use crate::rng::Rng;
-use crate::runner::{Mode, Runner};
+use crate::runner::Runner;
 
 /// Published layer sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,6 +285,8 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     } else {
         base
     };
+    let prefill = KdaLayer::new(&cfg, wts, ForwardOptions::default())?;
+    let decode = prefill.with_mode(Mode::Recurrent);
     w(
         out,
         format!(
@@ -332,7 +334,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         } else {
             InitialCaches::Given
         };
-        let y = runner.forward_weights(&cfg, &wts, &x, &cu, &mut caches, init, Mode::Auto)?;
+        let y = runner.forward(&prefill, &x, &cu, &mut caches, init)?;
         sum_sq += y.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
         bar.inc(len * opts.batch);
         t0 = t1;
@@ -368,7 +370,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     for _ in 0..opts.steps {
         let x = rng.normals(opts.batch * hd, 1.0);
         let t = Instant::now();
-        last = runner.decode_weights(&cfg, &wts, &x, &mut caches)?;
+        last = runner.decode(&decode, &x, &mut caches)?;
         elapsed += t.elapsed();
         bar.inc(1);
     }

@@ -1,7 +1,10 @@
 //! A KDA layer that owns its weights (synthetic, or copied from a fixture).
 
 use half::bf16;
-use kda_core::{Data, DecayGate, GateProj, GateWeights, KdaConfig, KdaError, KdaWeights, MatRef};
+use kda_core::{
+    Data, DecayGate, ForwardOptions, GateProj, GateWeights, KdaConfig, KdaError, KdaLayer,
+    KdaWeights, MatRef,
+};
 
 pub use crate::error::HostError;
 use crate::rng::Rng;
@@ -148,6 +151,11 @@ impl OwnedLayer {
         };
         w.validate(&self.cfg)?;
         Ok(w)
+    }
+
+    /// The validated core layer over these weights, with options `opts`.
+    pub fn kda_layer(&self, opts: ForwardOptions) -> Result<KdaLayer<'_>, KdaError> {
+        KdaLayer::new(&self.cfg, self.weights()?, opts)
     }
 
     /// Bytes of weights.

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kda_core::{InitialCaches, KdaConfig, KdaWeights};
+use kda_core::{ForwardOptions, InitialCaches, KdaConfig, KdaLayer, KdaWeights, Mode};
 
 use crate::cache::SequenceCaches;
 use crate::checkpoint::config::ModelConfig;
@@ -11,7 +11,7 @@ use crate::checkpoint::safetensors::SafetensorsFile;
 use crate::checkpoint::Checkpoint;
 use crate::error::{HostError, Result};
 use crate::panels::Panels;
-use crate::runner::{Mode, Runner};
+use crate::runner::Runner;
 
 /// One loaded KDA layer.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,6 +151,13 @@ impl Model {
         Ok(ModelCache { sequences, layers })
     }
 
+    /// Model layer `index` as a validated core layer with options `opts` (build it once and
+    /// pass it to [`Runner::forward`] / [`Runner::decode`] for many calls).
+    pub fn kda_layer(&self, index: usize, opts: ForwardOptions) -> Result<KdaLayer<'_>> {
+        let (cfg, w) = self.weights(index)?;
+        Ok(KdaLayer::new(cfg, w, opts)?)
+    }
+
     /// Runs model layer `index` over packed sequences `x` `[T, hidden]`, continuing from (and
     /// updating) that layer's part of `cache`. Returns `[T, hidden]`.
     pub fn forward(
@@ -162,9 +169,9 @@ impl Model {
         cache: &mut ModelCache,
         mode: Mode,
     ) -> Result<Vec<f32>> {
-        let (cfg, w) = self.weights(index)?;
+        let layer = self.kda_layer(index, ForwardOptions::default().with_mode(mode))?;
         let caches = cache.layer_mut(index)?;
-        runner.forward_weights(cfg, &w, x, cu_seqlens, caches, InitialCaches::Given, mode)
+        runner.forward(&layer, x, cu_seqlens, caches, InitialCaches::Given)
     }
 
     /// One decode step of model layer `index` for every sequence of `cache`.
@@ -175,8 +182,8 @@ impl Model {
         x: &[f32],
         cache: &mut ModelCache,
     ) -> Result<Vec<f32>> {
-        let (cfg, w) = self.weights(index)?;
-        runner.decode_weights(cfg, &w, x, cache.layer_mut(index)?)
+        let layer = self.kda_layer(index, ForwardOptions::recurrent())?;
+        runner.decode(&layer, x, cache.layer_mut(index)?)
     }
 }
 

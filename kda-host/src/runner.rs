@@ -1,58 +1,9 @@
 //! A runner that owns its workspace and runs any layer's weights (owned or memory-mapped).
 
-use kda_core::{
-    decode_step_with, forward_with, workspace_len, ForwardOptions, InitialCaches, KdaConfig,
-    KdaError, KdaWeights,
-};
+use kda_core::{Batch, InitialCaches, KdaLayer};
 
 use crate::cache::SequenceCaches;
 use crate::error::HostError;
-use crate::layer::OwnedLayer;
-
-/// How a sequence forward is computed (the core's [`kda_core::Mode`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Let the library choose: chunked for sequences of at least
-    /// [`kda_core::AUTO_CHUNK_MIN_TOKENS`] tokens, recurrent below.
-    #[default]
-    Auto,
-    /// Token-by-token recurrence.
-    Recurrent,
-    /// Chunked (WY/UT) form.
-    Chunked,
-}
-
-impl Mode {
-    /// The mode's name as the `kda` tool spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Auto => "auto",
-            Mode::Recurrent => "recurrent",
-            Mode::Chunked => "chunked",
-        }
-    }
-
-    /// The path that actually runs for a sequence of `tokens` tokens.
-    pub fn resolve(self, tokens: usize) -> Mode {
-        match self {
-            Mode::Auto if tokens >= kda_core::AUTO_CHUNK_MIN_TOKENS => Mode::Chunked,
-            Mode::Auto => Mode::Recurrent,
-            m => m,
-        }
-    }
-
-    /// The core's options for this mode.
-    pub fn options(self) -> ForwardOptions {
-        ForwardOptions {
-            mode: match self {
-                Mode::Auto => kda_core::Mode::Auto,
-                Mode::Recurrent => kda_core::Mode::Recurrent,
-                Mode::Chunked => kda_core::Mode::Chunked,
-            },
-            ..ForwardOptions::default()
-        }
-    }
-}
 
 /// Runs layers with a workspace it owns and grows as needed (at most `max_block` tokens per
 /// block, so memory stays bounded for long prompts).
@@ -78,18 +29,24 @@ impl Runner {
         }
     }
 
+    /// The workspace for `tokens` tokens of `layer` (or a decode step when `decode`), grown
+    /// as needed.
     fn workspace(
         &mut self,
-        cfg: &KdaConfig,
-        opts: &ForwardOptions,
+        layer: &KdaLayer<'_>,
         tokens: usize,
         workers: usize,
+        decode: bool,
     ) -> Result<&mut [f32], HostError> {
         // Blocks of up to `max_block` (≥ AUTO_CHUNK_MIN_TOKENS) tokens: whenever some
         // sequence is long enough to run chunked, the block is too, so the chunk scratch that
-        // `workspace_len` adds for this block size covers it.
+        // the sizing adds for this block size covers it.
         let block = tokens.clamp(1, self.max_block);
-        let len = workspace_len(cfg, opts, block, workers)?;
+        let len = if decode {
+            layer.decode_workspace_len(block, workers)?
+        } else {
+            layer.workspace_len(block, workers)?
+        };
         if self.workspace.len() < len {
             let extra = len - self.workspace.len();
             self.workspace
@@ -103,69 +60,40 @@ impl Runner {
         Ok(&mut self.workspace[..len])
     }
 
-    /// Sequence forward over packed sequences; returns `[T, hidden]`.
+    /// Sequence forward of `layer` over packed sequences `x` `[T, hidden]` on the current
+    /// rayon pool; returns `[T, hidden]`.
     pub fn forward(
         &mut self,
-        layer: &OwnedLayer,
+        layer: &KdaLayer<'_>,
         x: &[f32],
         cu_seqlens: &[usize],
         caches: &mut SequenceCaches,
         init: InitialCaches,
     ) -> Result<Vec<f32>, HostError> {
-        let w = layer.weights()?;
-        self.forward_weights(&layer.cfg, &w, x, cu_seqlens, caches, init, Mode::Auto)
-    }
-
-    /// Sequence forward of any layer's weights (e.g. memory-mapped from a checkpoint) in the
-    /// given mode; returns `[T, hidden]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_weights(
-        &mut self,
-        cfg: &KdaConfig,
-        w: &KdaWeights<'_>,
-        x: &[f32],
-        cu_seqlens: &[usize],
-        caches: &mut SequenceCaches,
-        init: InitialCaches,
-        mode: Mode,
-    ) -> Result<Vec<f32>, HostError> {
-        let tokens = x.len() / cfg.hidden.max(1);
+        let tokens = x.len() / layer.config().hidden.max(1);
         let mut out = crate::error::try_zeroed(x.len(), "the output")?;
         let exec = crate::parallel::current();
-        let opts = mode.options();
-        let ws = self.workspace(cfg, &opts, tokens, exec.workers())?;
-        let caches = caches.as_mut();
-        forward_with(
-            cfg, w, x, cu_seqlens, caches, init, &mut out, ws, &opts, exec,
-        )?;
+        let ws = self.workspace(layer, tokens, exec.workers(), false)?;
+        let batch = Batch {
+            x,
+            cu_seqlens,
+            out: &mut out,
+        };
+        layer.forward(batch, caches.as_mut(), init, ws, exec)?;
         Ok(out)
     }
 
-    /// One decode step for every sequence of `caches`; `x` is `[N, hidden]`.
+    /// One decode step of `layer` for every sequence of `caches`; `x` is `[N, hidden]`.
     pub fn decode(
         &mut self,
-        layer: &OwnedLayer,
+        layer: &KdaLayer<'_>,
         x: &[f32],
         caches: &mut SequenceCaches,
     ) -> Result<Vec<f32>, HostError> {
-        let w = layer.weights()?;
-        self.decode_weights(&layer.cfg, &w, x, caches)
-    }
-
-    /// One decode step of any layer's weights for every sequence of `caches`.
-    pub fn decode_weights(
-        &mut self,
-        cfg: &KdaConfig,
-        w: &KdaWeights<'_>,
-        x: &[f32],
-        caches: &mut SequenceCaches,
-    ) -> Result<Vec<f32>, HostError> {
-        let mut out = vec![0.0; x.len()];
+        let mut out = crate::error::try_zeroed(x.len(), "the output")?;
         let exec = crate::parallel::current();
-        let opts = ForwardOptions::recurrent();
-        let ws = self.workspace(cfg, &opts, caches.sequences, exec.workers())?;
-        decode_step_with(cfg, w, x, caches.as_mut(), &mut out, ws, None, exec)
-            .map_err(|e: KdaError| HostError::Core(e))?;
+        let ws = self.workspace(layer, caches.sequences, exec.workers(), true)?;
+        layer.decode_step(x, &mut out, caches.as_mut(), ws, exec)?;
         Ok(out)
     }
 }

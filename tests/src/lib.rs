@@ -330,7 +330,7 @@ impl Harness for CpuHarness {
             opts: self.opts,
             exec: kda_core::Serial,
         };
-        let w = layer.weights().map_err(|e| e.to_string())?;
+        let w = layer.kda_layer(self.opts).map_err(|e| e.to_string())?;
         let mut ws = vec![
             0.0;
             be.forward_workspace_len(&layer.cfg, self.block)
@@ -361,7 +361,7 @@ impl Harness for CpuHarness {
             opts: self.opts,
             exec: kda_core::Serial,
         };
-        let w = layer.weights().map_err(|e| e.to_string())?;
+        let w = layer.kda_layer(self.opts).map_err(|e| e.to_string())?;
         let mut ws = vec![
             0.0;
             be.decode_workspace_len(&layer.cfg, self.block)

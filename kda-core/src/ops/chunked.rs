@@ -33,22 +33,38 @@ const MAX_SPREAD: f32 = 80.0;
 /// Largest supported chunk size.
 pub const MAX_CHUNK: usize = 256;
 
-/// The scratch slices of one chunk, carved from the caller's buffer.
+/// The scratch slices of one chunk of `l ≤ C` rows, carved from the caller's buffer. `b` is the
+/// chunk-local cumulative log-decay (`b_r = Σ_{s ≤ r} g_s`, per key dimension).
 struct Scratch<'a> {
-    bh: &'a mut [f32],
-    bl: &'a mut [f32],
-    qg: &'a mut [f32],
-    kgam: &'a mut [f32],
-    kg: &'a mut [f32],
-    kgt: &'a mut [f32],
-    qt: &'a mut [f32],
-    kt: &'a mut [f32],
-    kht: &'a mut [f32],
-    aqk: &'a mut [f32],
-    nakk: &'a mut [f32],
-    r: &'a mut [f32],
-    o: &'a mut [f32],
-    ex: &'a mut [f32],
+    /// `[C, K]` high part of `b` (the running f32 sum).
+    cum_hi: &'a mut [f32],
+    /// `[C, K]` low part of `b` (the rounding error of `cum_hi`, TwoSum-compensated).
+    cum_lo: &'a mut [f32],
+    /// `[C, K]` `scale · q ⊙ e^{b}`: queries decayed to the chunk start.
+    q_decayed: &'a mut [f32],
+    /// `[C, K]` `k ⊙ e^{b}`: keys decayed to the chunk start.
+    k_decayed: &'a mut [f32],
+    /// `[C, K]` `k ⊙ e^{b_{l−1} − b}`: keys decayed to the chunk end; also the scratch rows of
+    /// `k̂` (keys relative to a diagonal block's first row) while `A` is built.
+    k_to_end: &'a mut [f32],
+    /// `[K, C]` `k_to_end` transposed (the state update's left factor).
+    k_to_end_t: &'a mut [f32],
+    /// `[16, K]` one diagonal block's `q ⊙ e^{b − b_{a0}}`.
+    q_block: &'a mut [f32],
+    /// `[16, K]` one diagonal block's `k ⊙ e^{b − b_{a0}}`.
+    k_block: &'a mut [f32],
+    /// `[K, C]` `k̂` transposed.
+    k_hat_t: &'a mut [f32],
+    /// `[C, C]` `A_qk` (scaled, lower triangular with diagonal).
+    a_qk: &'a mut [f32],
+    /// `[C, C]` `−A_kk` (β-scaled rows, strictly lower triangular).
+    neg_a_kk: &'a mut [f32],
+    /// `[C, V]` the right-hand side, then the innovations `Δ` in place.
+    delta: &'a mut [f32],
+    /// `[C, V]` the chunk's outputs (also a `[K]` temporary while `A` is built).
+    out: &'a mut [f32],
+    /// `[K]` `e^{b_{l−1}}`: the whole chunk's decay per key row.
+    chunk_decay: &'a mut [f32],
 }
 
 /// f32 elements of scratch [`chunked_head`] needs for chunk size `chunk`, key dim `k`, value
@@ -58,7 +74,8 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
         return 0;
     }
     let c = chunk;
-    // bh, bl, qg, kgam, kg, kgt, kht: 7·C·K; qt, kt: 2·16·K; aqk, nakk: 2·C²; r, o: 2·C·V; ex: K.
+    // Seven [C, K] (cum_hi … k_hat_t), two [16, K] (q_block, k_block), two [C, C] (a_qk,
+    // neg_a_kk), two [C, V] (delta, out), one [K] (chunk_decay).
     // Saturating: an impossible size makes the caller's workspace check fail, not overflow.
     (7 * c)
         .saturating_mul(k)
@@ -69,35 +86,35 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
 }
 
 fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
-    let (bh, rest) = buf.split_at_mut(c * k);
-    let (bl, rest) = rest.split_at_mut(c * k);
-    let (qg, rest) = rest.split_at_mut(c * k);
-    let (kgam, rest) = rest.split_at_mut(c * k);
-    let (kg, rest) = rest.split_at_mut(c * k);
-    let (kgt, rest) = rest.split_at_mut(c * k);
-    let (kht, rest) = rest.split_at_mut(c * k);
-    let (qt, rest) = rest.split_at_mut(SUB * k);
-    let (kt, rest) = rest.split_at_mut(SUB * k);
-    let (aqk, rest) = rest.split_at_mut(c * c);
-    let (nakk, rest) = rest.split_at_mut(c * c);
-    let (r, rest) = rest.split_at_mut(c * v);
-    let (o, rest) = rest.split_at_mut(c * v);
-    let ex = &mut rest[..k];
+    let (cum_hi, rest) = buf.split_at_mut(c * k);
+    let (cum_lo, rest) = rest.split_at_mut(c * k);
+    let (q_decayed, rest) = rest.split_at_mut(c * k);
+    let (k_decayed, rest) = rest.split_at_mut(c * k);
+    let (k_to_end, rest) = rest.split_at_mut(c * k);
+    let (k_to_end_t, rest) = rest.split_at_mut(c * k);
+    let (k_hat_t, rest) = rest.split_at_mut(c * k);
+    let (q_block, rest) = rest.split_at_mut(SUB * k);
+    let (k_block, rest) = rest.split_at_mut(SUB * k);
+    let (a_qk, rest) = rest.split_at_mut(c * c);
+    let (neg_a_kk, rest) = rest.split_at_mut(c * c);
+    let (delta, rest) = rest.split_at_mut(c * v);
+    let (out, rest) = rest.split_at_mut(c * v);
+    let chunk_decay = &mut rest[..k];
     Scratch {
-        bh,
-        bl,
-        qg,
-        kgam,
-        kg,
-        kgt,
-        qt,
-        kt,
-        kht,
-        aqk,
-        nakk,
-        r,
-        o,
-        ex,
+        cum_hi,
+        cum_lo,
+        q_decayed,
+        k_decayed,
+        k_to_end,
+        k_to_end_t,
+        q_block,
+        k_block,
+        k_hat_t,
+        a_qk,
+        neg_a_kk,
+        delta,
+        out,
+        chunk_decay,
     }
 }
 
@@ -176,12 +193,7 @@ pub fn chunked_head(
             kd,
             vd,
         };
-        let ok = one_chunk(isa, &inp, &mut v_o[c0 * vd..(c0 + l) * vd], state, &mut sc);
-        if !ok {
-            return Err(KdaError::Internal {
-                what: "chunked kernel shapes",
-            });
-        }
+        one_chunk(isa, &inp, &mut v_o[c0 * vd..(c0 + l) * vd], state, &mut sc)?;
         c0 += l;
         len = chunk;
     }
@@ -224,7 +236,7 @@ fn one_chunk(
     v_o: &mut [f32],
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-) -> bool {
+) -> Result<(), KdaError> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above); the function has no
@@ -242,11 +254,12 @@ unsafe fn one_chunk_avx2(
     v_o: &mut [f32],
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-) -> bool {
+) -> Result<(), KdaError> {
     one_chunk_body(isa, inp, v_o, state, sc)
 }
 
-/// One chunk of `l` rows. Returns false only on an internal shape bug.
+/// One chunk of `l` rows: the six steps of the module docs, each its own function (inlined, so
+/// the AVX2 instantiation compiles all of them with AVX2 enabled).
 #[inline(always)]
 fn one_chunk_body(
     isa: Isa,
@@ -254,25 +267,27 @@ fn one_chunk_body(
     v_o: &mut [f32],
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-) -> bool {
-    let ChunkIn {
-        q,
-        k,
-        g,
-        beta,
-        scale,
-        kd,
-        vd,
-    } = *inp;
-    let l = beta.len();
-    let (bh, bl) = (&mut sc.bh[..l * kd], &mut sc.bl[..l * kd]);
+) -> Result<(), KdaError> {
+    cumulative_decay(inp, sc);
+    row_factors(isa, inp, sc)?;
+    intra_chunk_matrices(isa, inp, sc)?;
+    innovations(isa, inp, v_o, state, sc)?;
+    chunk_outputs(isa, inp, state, sc)?;
+    update_state(isa, inp, state, sc)?;
+    v_o.copy_from_slice(&sc.out[..inp.beta.len() * inp.vd]);
+    Ok(())
+}
 
-    // 1. Compensated chunk-local cumulative sums (TwoSum per step).
-    bh[..kd].copy_from_slice(&g[..kd]);
-    bl[..kd].fill(0.0);
+/// Step 1: compensated chunk-local cumulative sums `b` of the log-decay (TwoSum per step).
+#[inline(always)]
+fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
+    let (g, kd, l) = (inp.g, inp.kd, inp.beta.len());
+    let (hi, lo) = (&mut sc.cum_hi[..l * kd], &mut sc.cum_lo[..l * kd]);
+    hi[..kd].copy_from_slice(&g[..kd]);
+    lo[..kd].fill(0.0);
     for r in 1..l {
-        let (prev, cur) = bh.split_at_mut(r * kd);
-        let (lprev, lcur) = bl.split_at_mut(r * kd);
+        let (prev, cur) = hi.split_at_mut(r * kd);
+        let (lprev, lcur) = lo.split_at_mut(r * kd);
         let (ph, pl) = (&prev[(r - 1) * kd..], &lprev[(r - 1) * kd..]);
         let gr = &g[r * kd..(r + 1) * kd];
         for ((((c, lc), &a), &pl), &x) in cur[..kd]
@@ -289,13 +304,17 @@ fn one_chunk_body(
             *lc = pl + err;
         }
     }
-    let (bh, bl) = (&*bh, &*bl);
+}
 
-    // 2. Row factors against the chunk start (e^{b_r} ≤ 1): qg = scale·q⊙e^{b}, kgam = k⊙e^{b};
-    //    and kg = k ⊙ e^{b_{l−1} − b_j} (≤ 1), stored transposed [K, l].
-    let qg = &mut sc.qg[..l * kd];
-    let kgam = &mut sc.kgam[..l * kd];
-    let kg = &mut sc.kg[..l * kd];
+/// Step 2: row factors against the chunk start (`e^{b_r} ≤ 1`): `q_decayed`, `k_decayed`;
+/// against the chunk end, `k_to_end` (≤ 1) and its transpose; and the whole chunk's decay.
+#[inline(always)]
+fn row_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+    let (kd, l) = (inp.kd, inp.beta.len());
+    let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
+    let qg = &mut sc.q_decayed[..l * kd];
+    let kgam = &mut sc.k_decayed[..l * kd];
+    let kg = &mut sc.k_to_end[..l * kd];
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
         for ((o, a), b) in qg[row.clone()]
@@ -308,7 +327,7 @@ fn one_chunk_body(
         diff_row(&mut kg[row.clone()], bh, bl, l - 1, r, kd);
         simd::exp_in_place(isa, &mut qg[row.clone()]);
         simd::exp_in_place(isa, &mut kg[row.clone()]);
-        let (qr, kr) = (&q[row.clone()], &k[row.clone()]);
+        let (qr, kr) = (&inp.q[row.clone()], &inp.k[row.clone()]);
         for ((((qg, kgam), kg), &qv), &kv) in qg[row.clone()]
             .iter_mut()
             .zip(&mut kgam[row.clone()])
@@ -318,16 +337,12 @@ fn one_chunk_body(
         {
             let gm = *qg;
             *kgam = kv * gm;
-            *qg = scale * qv * gm;
+            *qg = inp.scale * qv * gm;
             *kg *= kv;
         }
     }
-    let kgt = &mut sc.kgt[..kd * l];
-    if !simd::transpose(isa, l, kd, kg, kd, kgt, l) {
-        return false;
-    }
-    // Decay of the whole chunk, e^{b_{l−1}}, per key row.
-    let ex = &mut *sc.ex;
+    simd::transpose(isa, l, kd, kg, kd, &mut sc.k_to_end_t[..kd * l], l)?;
+    let ex = &mut *sc.chunk_decay;
     for ((o, a), b) in ex
         .iter_mut()
         .zip(&bh[(l - 1) * kd..])
@@ -336,112 +351,162 @@ fn one_chunk_body(
         *o = a + b;
     }
     simd::exp_in_place(isa, ex);
+    Ok(())
+}
 
-    // 3. A_qk (scaled, j ≤ i) and −A_kk (β-scaled rows, j < i), by 16-row blocks.
-    let aqk = &mut sc.aqk[..l * l];
-    let nakk = &mut sc.nakk[..l * l];
-    aqk.fill(0.0);
-    nakk.fill(0.0);
+/// Step 3: `A_qk` (scaled, `j ≤ i`) and `−A_kk` (β-scaled rows, `j < i`), by 16-row blocks.
+#[inline(always)]
+fn intra_chunk_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+    let l = inp.beta.len();
+    sc.a_qk[..l * l].fill(0.0);
+    sc.neg_a_kk[..l * l].fill(0.0);
     let mut a0 = 0;
     while a0 < l {
         let a1 = (a0 + SUB).min(l);
-        let rows = a1 - a0;
-        let tmp = &mut sc.o[..kd];
-        diff_row(tmp, bh, bl, a0, a1 - 1, kd);
-        let spread = tmp
-            .iter()
-            .fold(0.0f32, |m, &s| if s > m || s.is_nan() { s } else { m });
-        let factorised = spread <= MAX_SPREAD;
-        // Columns covered by the product: all earlier rows, plus this block when factorised.
-        let cols = if factorised { a1 } else { a0 };
-        let (qt, kt) = (&mut sc.qt[..rows * kd], &mut sc.kt[..rows * kd]);
-        for i in a0..a1 {
-            let row = (i - a0) * kd..(i - a0 + 1) * kd;
-            diff_row(&mut qt[row.clone()], bh, bl, i, a0, kd);
-            simd::exp_in_place(isa, &mut qt[row.clone()]);
-            let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
-            for (((qt, kt), &qv), &kv) in
-                qt[row.clone()].iter_mut().zip(&mut kt[row]).zip(qi).zip(ki)
-            {
-                let f = *qt;
-                *qt = qv * f;
-                *kt = kv * f;
-            }
-        }
-        if cols > 0 {
-            // k̂ [cols, K]: k_j ⊙ e^{b_{a0} − b_j}, then transposed to [K, cols].
-            let kh = &mut sc.kg[..cols * kd];
-            for j in 0..cols {
-                let row = &mut kh[j * kd..(j + 1) * kd];
-                diff_row(row, bh, bl, a0, j, kd);
-                simd::exp_in_place(isa, row);
-                for (o, &kv) in row.iter_mut().zip(&k[j * kd..(j + 1) * kd]) {
-                    *o *= kv;
-                }
-            }
-            let kht = &mut sc.kht[..kd * cols];
-            let ok0 = simd::transpose(isa, cols, kd, kh, kd, kht, cols);
-            let ok1 = simd::gemm_acc(
-                isa,
-                rows,
-                cols,
-                kd,
-                qt,
-                kd,
-                kht,
-                cols,
-                &mut aqk[a0 * l..],
-                l,
-            );
-            let ok2 = simd::gemm_acc(
-                isa,
-                rows,
-                cols,
-                kd,
-                kt,
-                kd,
-                kht,
-                cols,
-                &mut nakk[a0 * l..],
-                l,
-            );
-            if !(ok0 && ok1 && ok2) {
-                return false;
-            }
-        }
-        if !factorised {
-            // Per-pair exponents on the diagonal block (each exponent ≤ 0).
-            for i in a0..a1 {
-                for j in a0..=i {
-                    let (mut sq, mut sk) = (0.0f32, 0.0f32);
-                    for d in 0..kd {
-                        let e = libm::expf(diff(bh, bl, i, j, d, kd));
-                        sq += q[i * kd + d] * k[j * kd + d] * e;
-                        sk += k[i * kd + d] * k[j * kd + d] * e;
-                    }
-                    aqk[i * l + j] = sq;
-                    nakk[i * l + j] = sk;
-                }
-            }
-        }
-        for i in a0..a1 {
-            let nb = -beta[i];
-            let (qa, na) = (&mut aqk[i * l..(i + 1) * l], &mut nakk[i * l..(i + 1) * l]);
-            for (j, (x, y)) in qa.iter_mut().zip(na.iter_mut()).enumerate() {
-                *x = if j <= i { *x * scale } else { 0.0 };
-                *y = if j < i { *y * nb } else { 0.0 };
-            }
-        }
+        block_products(isa, inp, sc, a0, a1)?;
+        scale_and_mask(inp, sc, a0, a1);
         a0 = a1;
     }
+    Ok(())
+}
 
-    // 4. Right-hand side R = diag(β)(V − kgam·S₀), then Δ = (I + A_kk)⁻¹ R by blocks.
-    let r = &mut sc.r[..l * vd];
-    r.fill(0.0);
-    if !simd::gemm_acc(isa, l, vd, kd, kgam, kd, state, vd, r, vd) {
-        return false;
+/// Rows `a0..a1` of `A_qk` and `A_kk` (unscaled): a GEMM against every earlier row, and the
+/// diagonal block factorised around row `a0` when its decay spread allows, else per-pair
+/// exponents (each ≤ 0).
+#[inline(always)]
+fn block_products(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    sc: &mut Scratch<'_>,
+    a0: usize,
+    a1: usize,
+) -> Result<(), KdaError> {
+    let (q, k, kd, l) = (inp.q, inp.k, inp.kd, inp.beta.len());
+    let rows = a1 - a0;
+    let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
+    let tmp = &mut sc.out[..kd];
+    diff_row(tmp, bh, bl, a0, a1 - 1, kd);
+    let spread = tmp
+        .iter()
+        .fold(0.0f32, |m, &s| if s > m || s.is_nan() { s } else { m });
+    let factorised = spread <= MAX_SPREAD;
+    // Columns covered by the product: all earlier rows, plus this block when factorised.
+    let cols = if factorised { a1 } else { a0 };
+    let (qt, kt) = (&mut sc.q_block[..rows * kd], &mut sc.k_block[..rows * kd]);
+    for i in a0..a1 {
+        let row = (i - a0) * kd..(i - a0 + 1) * kd;
+        diff_row(&mut qt[row.clone()], bh, bl, i, a0, kd);
+        simd::exp_in_place(isa, &mut qt[row.clone()]);
+        let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
+        for (((qt, kt), &qv), &kv) in qt[row.clone()].iter_mut().zip(&mut kt[row]).zip(qi).zip(ki) {
+            let f = *qt;
+            *qt = qv * f;
+            *kt = kv * f;
+        }
     }
-    for ((rr, vr), &b) in r.chunks_exact_mut(vd).zip(v_o.chunks_exact(vd)).zip(beta) {
+    let (aqk, nakk) = (&mut sc.a_qk[..l * l], &mut sc.neg_a_kk[..l * l]);
+    if cols > 0 {
+        // k̂ [cols, K]: k_j ⊙ e^{b_{a0} − b_j}, then transposed to [K, cols].
+        let kh = &mut sc.k_to_end[..cols * kd];
+        for j in 0..cols {
+            let row = &mut kh[j * kd..(j + 1) * kd];
+            diff_row(row, bh, bl, a0, j, kd);
+            simd::exp_in_place(isa, row);
+            for (o, &kv) in row.iter_mut().zip(&k[j * kd..(j + 1) * kd]) {
+                *o *= kv;
+            }
+        }
+        let kht = &mut sc.k_hat_t[..kd * cols];
+        simd::transpose(isa, cols, kd, kh, kd, kht, cols)?;
+        let kht = &*kht;
+        simd::gemm_acc(
+            isa,
+            rows,
+            cols,
+            kd,
+            qt,
+            kd,
+            kht,
+            cols,
+            &mut aqk[a0 * l..],
+            l,
+        )?;
+        simd::gemm_acc(
+            isa,
+            rows,
+            cols,
+            kd,
+            kt,
+            kd,
+            kht,
+            cols,
+            &mut nakk[a0 * l..],
+            l,
+        )?;
+    }
+    if !factorised {
+        for i in a0..a1 {
+            for j in a0..=i {
+                let (mut sq, mut sk) = (0.0f32, 0.0f32);
+                for d in 0..kd {
+                    let e = libm::expf(diff(bh, bl, i, j, d, kd));
+                    sq += q[i * kd + d] * k[j * kd + d] * e;
+                    sk += k[i * kd + d] * k[j * kd + d] * e;
+                }
+                aqk[i * l + j] = sq;
+                nakk[i * l + j] = sk;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rows `a0..a1`: `A_qk` scaled and cut to `j ≤ i`; `A_kk` times `−β_i` and cut to `j < i`.
+#[inline(always)]
+fn scale_and_mask(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>, a0: usize, a1: usize) {
+    let l = inp.beta.len();
+    for i in a0..a1 {
+        let nb = -inp.beta[i];
+        let qa = &mut sc.a_qk[i * l..(i + 1) * l];
+        let na = &mut sc.neg_a_kk[i * l..(i + 1) * l];
+        for (j, (x, y)) in qa.iter_mut().zip(na.iter_mut()).enumerate() {
+            *x = if j <= i { *x * inp.scale } else { 0.0 };
+            *y = if j < i { *y * nb } else { 0.0 };
+        }
+    }
+}
+
+/// Step 4: the right-hand side `R = diag(β)(V − k_decayed·S₀)`, then `Δ = (I + A_kk)⁻¹ R` by
+/// blockwise forward substitution, in place in `delta`.
+#[inline(always)]
+fn innovations(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    v_o: &[f32],
+    state: &[f32],
+    sc: &mut Scratch<'_>,
+) -> Result<(), KdaError> {
+    let (kd, vd, l) = (inp.kd, inp.vd, inp.beta.len());
+    let r = &mut sc.delta[..l * vd];
+    let nakk = &sc.neg_a_kk[..l * l];
+    r.fill(0.0);
+    simd::gemm_acc(
+        isa,
+        l,
+        vd,
+        kd,
+        &sc.k_decayed[..l * kd],
+        kd,
+        state,
+        vd,
+        r,
+        vd,
+    )?;
+    for ((rr, vr), &b) in r
+        .chunks_exact_mut(vd)
+        .zip(v_o.chunks_exact(vd))
+        .zip(inp.beta)
+    {
         for (x, &v) in rr.iter_mut().zip(vr) {
             *x = b * (v - *x);
         }
@@ -451,9 +516,7 @@ fn one_chunk_body(
         let a1 = (a0 + SUB).min(l);
         if a0 > 0 {
             let (done, cur) = r.split_at_mut(a0 * vd);
-            if !simd::gemm_acc(isa, a1 - a0, vd, a0, &nakk[a0 * l..], l, done, vd, cur, vd) {
-                return false;
-            }
+            simd::gemm_acc(isa, a1 - a0, vd, a0, &nakk[a0 * l..], l, done, vd, cur, vd)?;
         }
         for i in a0 + 1..a1 {
             let (done, cur) = r.split_at_mut(i * vd);
@@ -464,45 +527,102 @@ fn one_chunk_body(
         }
         a0 = a1;
     }
-    let delta = &*r;
+    Ok(())
+}
 
-    // 5. O = qg·S₀ + A_qk·Δ (A_qk lower triangular: each block uses columns up to its end).
-    let o = &mut sc.o[..l * vd];
+/// Step 5: `O = q_decayed·S₀ + A_qk·Δ`. `A_qk` is lower triangular, so each 16-row block uses
+/// the columns up to its end in one GEMM; if `Δ` holds a NaN or ±∞, the diagonal blocks go
+/// row by row over `j ≤ i` instead, so that a bad token never reaches the rows before it
+/// (`0 · NaN` would).
+#[inline(always)]
+fn chunk_outputs(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    state: &[f32],
+    sc: &mut Scratch<'_>,
+) -> Result<(), KdaError> {
+    let (kd, vd, l) = (inp.kd, inp.vd, inp.beta.len());
+    let (aqk, delta) = (&sc.a_qk[..l * l], &sc.delta[..l * vd]);
+    let o = &mut sc.out[..l * vd];
     o.fill(0.0);
-    if !simd::gemm_acc(isa, l, vd, kd, qg, kd, state, vd, o, vd) {
-        return false;
-    }
+    simd::gemm_acc(
+        isa,
+        l,
+        vd,
+        kd,
+        &sc.q_decayed[..l * kd],
+        kd,
+        state,
+        vd,
+        o,
+        vd,
+    )?;
+    let finite = all_finite(delta);
     let mut a0 = 0;
     while a0 < l {
         let a1 = (a0 + SUB).min(l);
-        if !simd::gemm_acc(
+        let cols = if finite { a1 } else { a0 };
+        simd::gemm_acc(
             isa,
             a1 - a0,
             vd,
-            a1,
+            cols,
             &aqk[a0 * l..],
             l,
             delta,
             vd,
             &mut o[a0 * vd..],
             vd,
-        ) {
-            return false;
+        )?;
+        if !finite {
+            for i in a0..a1 {
+                let oi = &mut o[i * vd..(i + 1) * vd];
+                for j in a0..=i {
+                    simd::axpy(isa, aqk[i * l + j], &delta[j * vd..(j + 1) * vd], oi);
+                }
+            }
         }
         a0 = a1;
     }
+    Ok(())
+}
 
-    // 6. S ← diag(e^{b_{l−1}}) S + kgᵀ Δ.
-    for (row, &f) in state.chunks_exact_mut(vd).zip(ex.iter()) {
+/// Whether every element is finite: no exponent field is all ones (an integer OR-reduction,
+/// which vectorises; a float reduction would be one serial chain).
+#[inline(always)]
+fn all_finite(x: &[f32]) -> bool {
+    const EXP: u32 = 0x7f80_0000;
+    !x.iter()
+        .fold(false, |any, &v| any | (v.to_bits() & EXP == EXP))
+}
+
+/// Step 6: `S ← diag(e^{b_{l−1}}) S + k_to_endᵀ Δ`.
+#[inline(always)]
+fn update_state(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    state: &mut [f32],
+    sc: &mut Scratch<'_>,
+) -> Result<(), KdaError> {
+    let (kd, vd, l) = (inp.kd, inp.vd, inp.beta.len());
+    for (row, &f) in state.chunks_exact_mut(vd).zip(sc.chunk_decay.iter()) {
         for s in row {
             *s *= f;
         }
     }
-    if !simd::gemm_acc(isa, kd, vd, l, kgt, l, delta, vd, state, vd) {
-        return false;
-    }
-    v_o.copy_from_slice(o);
-    true
+    let delta = &sc.delta[..l * vd];
+    simd::gemm_acc(
+        isa,
+        kd,
+        vd,
+        l,
+        &sc.k_to_end_t[..kd * l],
+        l,
+        delta,
+        vd,
+        state,
+        vd,
+    )
 }
 
 #[cfg(test)]

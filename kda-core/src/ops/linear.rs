@@ -104,7 +104,7 @@ pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
 /// transposes. Every path computes each output as one in-order chain over the reduction
 /// (see [`simd::panel_fma`]), so every value is bitwise the same for any `o0..o1` split, any
 /// `tokens`, and any scratch size: decode and prefill, and any thread count, agree exactly.
-/// Returns false if a row is too short (an internal bug).
+/// A row too short for the matrix (an internal bug) is an [`KdaError::Internal`] error.
 #[allow(clippy::too_many_arguments)]
 pub fn project_tile<'x>(
     isa: Isa,
@@ -114,15 +114,15 @@ pub fn project_tile<'x>(
     o0: usize,
     o1: usize,
     scratch: &mut [f32],
-    store: &mut dyn FnMut(usize, usize, &[f32]),
-) -> bool {
+    store: &mut dyn FnMut(usize, usize, &[f32]) -> Result<(), KdaError>,
+) -> Result<(), KdaError> {
     if !matches!(w.data(), Data::F32(_) | Data::Bf16(_)) {
         for o in o0..o1 {
             for t in 0..tokens {
-                store(t, o, &[dot(row(t), w.row(o))]);
+                store(t, o, &[dot(row(t), w.row(o))])?;
             }
         }
-        return true;
+        return Ok(());
     }
     let n = w.cols();
     let pack = tokens > DIRECT_MAX && n > 0 && scratch.len() >= PANEL * (64 + 6);
@@ -133,12 +133,12 @@ pub fn project_tile<'x>(
     let mut o = o0;
     while o < o1 {
         let mr = (o1 - o).min(group);
-        let Some(set) = rows_of(w, o, mr) else {
-            return false;
-        };
+        let set = rows_of(w, o, mr).ok_or(KdaError::Internal {
+            what: "projection rows",
+        })?;
         let ws = set.prefix(mr);
         let mut put = |t: usize, vals: &[f32]| store(t, o, vals);
-        let ok = if pack {
+        if pack {
             // The next 16 rows (this call's or the next tile's), fetched while this tile
             // computes: the pack of a tile otherwise waits on memory.
             let next = o + mr..(o + mr + PANEL).min(w.rows());
@@ -161,16 +161,13 @@ pub fn project_tile<'x>(
                 scratch,
                 &fetch,
                 &mut put,
-            )
+            )?;
         } else {
-            direct(isa, row, tokens, n, ws, mr, &mut put)
-        };
-        if !ok {
-            return false;
+            direct(isa, row, tokens, n, ws, mr, &mut put)?;
         }
         o += mr;
     }
-    true
+    Ok(())
 }
 
 /// [`project_tile`] for a matrix in the panel layout: decode streams up to four 16-row panels
@@ -187,8 +184,8 @@ fn project_panels<'x>(
     o1: usize,
     pack: bool,
     scratch: &mut [f32],
-    store: &mut dyn FnMut(usize, usize, &[f32]),
-) -> bool {
+    store: &mut dyn FnMut(usize, usize, &[f32]) -> Result<(), KdaError>,
+) -> Result<(), KdaError> {
     let n = w.cols();
     // Rows `lo..hi` of panel `p` that fall in `o0..o1`, as offsets within the panel.
     let part = |p: usize| {
@@ -207,7 +204,7 @@ fn project_panels<'x>(
                 }
             };
             let mut put = |t: usize, vals: &[f32]| store(t, p * PANEL + lo, &vals[lo..hi]);
-            if !packed(
+            packed(
                 isa,
                 row,
                 tokens,
@@ -217,37 +214,30 @@ fn project_panels<'x>(
                 scratch,
                 &fetch,
                 &mut put,
-            ) {
-                return false;
-            }
+            )?;
         }
-        return true;
+        return Ok(());
     }
     let mut acc = [0.0f32; 4 * 4 * PANEL];
     let mut pa = p0;
     while pa < p1 {
         let pb = (pa + 4).min(p1);
         let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
-        let ok = token_groups(row, tokens, &mut |t0, xs| {
+        token_groups(row, tokens, &mut |t0, xs| {
             acc.fill(0.0);
-            if !simd::panels_fma(isa, xs, &panels[..pb - pa], 0, n, &mut acc) {
-                return false;
-            }
+            simd::panels_fma(isa, xs, &panels[..pb - pa], 0, n, &mut acc)?;
             for (i, a) in acc.chunks_exact(4 * PANEL).take(xs.len()).enumerate() {
                 for p in pa..pb {
                     let (lo, hi) = part(p);
                     let v = &a[(p - pa) * PANEL..(p - pa + 1) * PANEL];
-                    store(t0 + i, p * PANEL + lo, &v[lo..hi]);
+                    store(t0 + i, p * PANEL + lo, &v[lo..hi])?;
                 }
             }
-            true
-        });
-        if !ok {
-            return false;
-        }
+            Ok(())
+        })?;
         pa = pb;
     }
-    true
+    Ok(())
 }
 
 /// Where the packed GEMM takes a tile's weights from.
@@ -267,39 +257,35 @@ fn direct<'x>(
     n: usize,
     ws: simd::Rows<'_, '_>,
     mr: usize,
-    put: &mut dyn FnMut(usize, &[f32]),
-) -> bool {
+    put: &mut dyn FnMut(usize, &[f32]) -> Result<(), KdaError>,
+) -> Result<(), KdaError> {
     let mut acc = [0.0f32; DIRECT * DIRECT_MAX];
     token_groups(row, tokens, &mut |t0, xs| {
         acc.fill(0.0);
-        if !simd::rows_fma(isa, xs, ws, 0, n, &mut acc) {
-            return false;
-        }
+        simd::rows_fma(isa, xs, ws, 0, n, &mut acc)?;
         for (i, a) in acc.chunks_exact(DIRECT).take(xs.len()).enumerate() {
-            put(t0 + i, &a[..mr]);
+            put(t0 + i, &a[..mr])?;
         }
-        true
+        Ok(())
     })
 }
 
 /// Calls `f(t0, rows t0..t0 + m)` for consecutive groups of up to [`DIRECT_MAX`] tokens;
-/// false as soon as `f` is.
+/// stops at the first error of `f`.
 fn token_groups<'x>(
     row: &dyn Fn(usize) -> &'x [f32],
     tokens: usize,
-    f: &mut dyn FnMut(usize, &[&'x [f32]]) -> bool,
-) -> bool {
+    f: &mut dyn FnMut(usize, &[&'x [f32]]) -> Result<(), KdaError>,
+) -> Result<(), KdaError> {
     let mut t0 = 0;
     while t0 < tokens {
         let m = (tokens - t0).min(DIRECT_MAX);
         let xs: [&[f32]; DIRECT_MAX] =
             core::array::from_fn(|i| if i < m { row(t0 + i) } else { &[] });
-        if !f(t0, &xs[..m]) {
-            return false;
-        }
+        f(t0, &xs[..m])?;
         t0 += m;
     }
-    true
+    Ok(())
 }
 
 /// One tile of up to 16 rows as a packed GEMM: per k-block, one panel for up to [`TB`] tokens.
@@ -313,8 +299,8 @@ fn packed<'x>(
     mr: usize,
     scratch: &mut [f32],
     fetch: &dyn Fn(usize, usize),
-    put: &mut dyn FnMut(usize, &[f32]),
-) -> bool {
+    put: &mut dyn FnMut(usize, &[f32]) -> Result<(), KdaError>,
+) -> Result<(), KdaError> {
     let avail = scratch.len() / PANEL;
     // With room for the whole reduction, the tile's rows are packed once, read start to end
     // (long streams for the prefetchers), and serve every token; else one k-block at a time.
@@ -332,9 +318,7 @@ fn packed<'x>(
     let (acc_all, rest) = scratch.split_at_mut(tb * PANEL);
     let panel = &mut rest[..kc * PANEL];
     if let (true, Src::Rows(ws)) = (whole, src) {
-        if !simd::pack_panel(isa, ws, 0, n, panel) {
-            return false;
-        }
+        simd::pack_panel(isa, ws, 0, n, panel)?;
     }
     let step = if whole { KC } else { kc };
     let mut xs: [&[f32]; TB] = [&[]; TB];
@@ -352,30 +336,30 @@ fn packed<'x>(
             if t0 == 0 {
                 fetch(k0, k1);
             }
-            let ok = match src {
+            match src {
                 // Panel-layout weights are already in panel order: widened as loaded.
-                Src::Panel(p) => p
-                    .get(k0 * PANEL..k1 * PANEL)
-                    .is_some_and(|b| simd::panel_fma_bf16(isa, &xs[..m], k0, k1, b, acc)),
+                Src::Panel(p) => {
+                    let b = p.get(k0 * PANEL..k1 * PANEL).ok_or(KdaError::Internal {
+                        what: "projection panel",
+                    })?;
+                    simd::panel_fma_bf16(isa, &xs[..m], k0, k1, b, acc)?;
+                }
                 Src::Rows(_) if whole => {
-                    simd::panel_fma(isa, &xs[..m], k0, k1, &panel[k0 * PANEL..k1 * PANEL], acc)
+                    simd::panel_fma(isa, &xs[..m], k0, k1, &panel[k0 * PANEL..k1 * PANEL], acc)?;
                 }
                 Src::Rows(ws) => {
-                    simd::pack_panel(isa, ws, k0, k1, panel)
-                        && simd::panel_fma(isa, &xs[..m], k0, k1, panel, acc)
+                    simd::pack_panel(isa, ws, k0, k1, panel)?;
+                    simd::panel_fma(isa, &xs[..m], k0, k1, panel, acc)?;
                 }
-            };
-            if !ok {
-                return false;
             }
             k0 = k1;
         }
         for (i, a) in acc.chunks_exact(PANEL).enumerate() {
-            put(t0 + i, &a[..mr]);
+            put(t0 + i, &a[..mr])?;
         }
         t0 += m;
     }
-    true
+    Ok(())
 }
 
 /// Up to 32 weight rows as typed slices.
@@ -452,21 +436,11 @@ pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Resu
     check_len("linear out", out.len(), rows * n_out)?;
     let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
     let mut scratch = [0.0f32; PANEL * 64];
-    let ok = project_tile(
-        isa,
-        &row,
-        rows,
-        w,
-        0,
-        n_out,
-        &mut scratch,
-        &mut |t, o, v| out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v),
-    );
-    if ok {
+    let mut store = |t: usize, o: usize, v: &[f32]| {
+        out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v);
         Ok(())
-    } else {
-        Err(KdaError::Internal { what: "projection" })
-    }
+    };
+    project_tile(isa, &row, rows, w, 0, n_out, &mut scratch, &mut store)
 }
 
 #[cfg(test)]
@@ -524,18 +498,12 @@ mod tests {
                         let run = |m: &MatRef<'_>| {
                             let mut out = std::vec![f32::NAN; tokens * n_out];
                             let mut scratch = std::vec![0.0f32; scratch_len];
-                            assert!(project_tile(
-                                isa,
-                                &row,
-                                tokens,
-                                m,
-                                o0,
-                                o1,
-                                &mut scratch,
-                                &mut |t, o, v| {
-                                    out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v)
-                                }
-                            ));
+                            let mut store = |t: usize, o: usize, v: &[f32]| {
+                                out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v);
+                                Ok(())
+                            };
+                            project_tile(isa, &row, tokens, m, o0, o1, &mut scratch, &mut store)
+                                .unwrap();
                             out
                         };
                         let (a, b) = (run(&rows), run(&panels));

@@ -20,6 +20,8 @@ mod portable;
 
 use half::bf16;
 
+use crate::error::KdaError;
+
 /// An instruction-set path for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -155,11 +157,18 @@ macro_rules! rows_dispatch {
 /// of threads, agree exactly.
 ///
 /// Packs `W[r][k]` for `k0 ≤ k < k1` as `panel[(k − k0)·16 + r]`, widened to f32 (rows past the
-/// tile's last repeat it). Returns false (doing nothing) if a slice is too short.
-#[must_use]
-pub fn pack_panel(isa: Isa, ws: Rows<'_, '_>, k0: usize, k1: usize, panel: &mut [f32]) -> bool {
+/// tile's last repeat it). A slice too short for the shape (a bug) is an [`KdaError::Internal`] error, with nothing done.
+pub fn pack_panel(
+    isa: Isa,
+    ws: Rows<'_, '_>,
+    k0: usize,
+    k1: usize,
+    panel: &mut [f32],
+) -> Result<(), KdaError> {
     if k0 > k1 || !ws.ok(k1, PANEL) || panel.len() < (k1 - k0) * PANEL {
-        return false;
+        return Err(KdaError::Internal {
+            what: "simd::pack_panel arguments",
+        });
     }
     (|| {
         rows_dispatch!(
@@ -167,20 +176,18 @@ pub fn pack_panel(isa: Isa, ws: Rows<'_, '_>, k0: usize, k1: usize, panel: &mut 
             ws,
             |w, widen| {
                 avx2_proj::pack_panel(w, k0, k1, panel);
-                true
             },
             {
                 portable::pack_panel(w, k0, k1, panel, widen);
-                true
             }
         )
-    })()
+    })();
+    Ok(())
 }
 
 /// Continues `acc[t·16 + r]` over `k0..k1` for every token row `xs[t]` (each ≥ `k1` long)
-/// from a panel packed by [`pack_panel`] for the same `k0..k1`. Returns false if a slice is
-/// too short.
-#[must_use]
+/// from a panel packed by [`pack_panel`] for the same `k0..k1`. A slice too short (a bug) is
+/// an [`KdaError::Internal`] error.
 pub fn panel_fma(
     isa: Isa,
     xs: &[&[f32]],
@@ -188,20 +195,22 @@ pub fn panel_fma(
     k1: usize,
     panel: &[f32],
     acc: &mut [f32],
-) -> bool {
+) -> Result<(), KdaError> {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
     if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
-        return false;
+        return Err(KdaError::Internal {
+            what: "simd::panel_fma arguments",
+        });
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && avx2_fma_supported() {
         // SAFETY: AVX2+FMA present; lengths checked above.
         unsafe { avx2_proj::panel_fma(xs, k0, k1, panel, acc) };
-        return true;
+        return Ok(());
     }
     portable::panel_fma(xs, k0, k1, panel, acc);
-    true
+    Ok(())
 }
 
 /// Whether a panel of `panel_len` elements and accumulators of `acc_len` cover tokens `xs`
@@ -214,8 +223,7 @@ fn panel_args_ok(xs: &[&[f32]], k0: usize, k1: usize, panel_len: usize, acc_len:
 }
 
 /// Continues `acc[t·32 + r]` over `k0..k1` straight from up to [`DIRECT`] weight rows (the
-/// same sums as [`pack_panel`] + [`panel_fma`]). Returns false if a slice is too short.
-#[must_use]
+/// same sums as [`pack_panel`] + [`panel_fma`]). A slice too short (a bug) is an [`KdaError::Internal`] error.
 pub fn rows_fma(
     isa: Isa,
     xs: &[&[f32]],
@@ -223,13 +231,15 @@ pub fn rows_fma(
     k0: usize,
     k1: usize,
     acc: &mut [f32],
-) -> bool {
+) -> Result<(), KdaError> {
     if k0 > k1
         || !ws.ok(k1, DIRECT)
         || acc.len() < xs.len() * DIRECT
         || xs.iter().any(|x| x.len() < k1)
     {
-        return false;
+        return Err(KdaError::Internal {
+            what: "simd::rows_fma arguments",
+        });
     }
     (|| {
         rows_dispatch!(
@@ -237,21 +247,19 @@ pub fn rows_fma(
             ws,
             |w, widen| {
                 avx2_proj::rows_fma(xs, w, k0, k1, acc);
-                true
             },
             {
                 portable::rows_fma(xs, w, k0, k1, acc, widen);
-                true
             }
         )
-    })()
+    })();
+    Ok(())
 }
 
 /// Continues `acc[t·64 + 16p + r]` (`t` < 4 tokens, `p` < 4 panels) over `k0..k1` straight
 /// from bf16 weights in the panel layout ([`crate::MatRef::new_panels`]; `panels[p]` is one
 /// 16-row panel, ≥ `16·k1` long): the same in-order sums as [`pack_panel`] + [`panel_fma`] of
-/// the same rows, bitwise, on each path. Returns false if a slice is too short.
-#[must_use]
+/// the same rows, bitwise, on each path. A slice too short (a bug) is an [`KdaError::Internal`] error.
 pub fn panels_fma(
     isa: Isa,
     xs: &[&[f32]],
@@ -259,7 +267,7 @@ pub fn panels_fma(
     k0: usize,
     k1: usize,
     acc: &mut [f32],
-) -> bool {
+) -> Result<(), KdaError> {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
     if k0 > k1
@@ -269,22 +277,23 @@ pub fn panels_fma(
         || xs.iter().any(|x| x.len() < k1)
         || acc.len() < xs.len() * 4 * PANEL
     {
-        return false;
+        return Err(KdaError::Internal {
+            what: "simd::panels_fma arguments",
+        });
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && avx2_fma_supported() {
         // SAFETY: AVX2+FMA present; lengths checked above.
         unsafe { avx2_proj::panels_fma(xs, panels, k0, k1, acc) };
-        return true;
+        return Ok(());
     }
     portable::panels_fma(xs, panels, k0, k1, acc);
-    true
+    Ok(())
 }
 
 /// [`panel_fma`] straight from a bf16 panel of the panel layout (`panel` starts at step
 /// `k0`, element `(k, r)` at `16·(k − k0) + r`), widened as it is loaded: the same sums,
-/// bitwise, without a widened copy. Returns false if a slice is too short.
-#[must_use]
+/// bitwise, without a widened copy. A slice too short (a bug) is an [`KdaError::Internal`] error.
 pub fn panel_fma_bf16(
     isa: Isa,
     xs: &[&[f32]],
@@ -292,20 +301,22 @@ pub fn panel_fma_bf16(
     k1: usize,
     panel: &[bf16],
     acc: &mut [f32],
-) -> bool {
+) -> Result<(), KdaError> {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
     if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
-        return false;
+        return Err(KdaError::Internal {
+            what: "simd::panel_fma_bf16 arguments",
+        });
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && avx2_fma_supported() {
         // SAFETY: AVX2+FMA present; lengths checked above.
         unsafe { avx2_proj::panel_fma(xs, k0, k1, panel, acc) };
-        return true;
+        return Ok(());
     }
     portable::panel_fma_bf16(xs, k0, k1, panel, acc, PANEL);
-    true
+    Ok(())
 }
 
 /// Hints the CPU to bring `data` into its outer caches (one prefetch per 64-byte line), so
@@ -362,11 +373,10 @@ pub fn exp_in_place(isa: Isa, x: &mut [f32]) {
 
 /// `C[m×n] += A[m×k] · B[k×n]`, all row-major with leading dimensions `lda`, `ldb`, `ldc`.
 ///
-/// If a slice is too short for the shape (an internal bug), nothing is computed and `false`
-/// is returned.
+/// If a slice is too short for the shape (an internal bug), nothing is computed and an
+/// [`KdaError::Internal`] error is returned.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-#[must_use]
 pub fn gemm_acc(
     isa: Isa,
     m: usize,
@@ -378,9 +388,9 @@ pub fn gemm_acc(
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
-) -> bool {
+) -> Result<(), KdaError> {
     if m == 0 || n == 0 || k == 0 {
-        return true;
+        return Ok(());
     }
     let fits = |len: usize, rows: usize, ld: usize, cols: usize| {
         ld >= cols
@@ -390,15 +400,16 @@ pub fn gemm_acc(
                 .is_some_and(|need| need <= len)
     };
     if !(fits(a.len(), m, lda, k) && fits(b.len(), k, ldb, n) && fits(c.len(), m, ldc, n)) {
-        return false;
+        return Err(KdaError::Internal {
+            what: "simd::gemm_acc arguments",
+        });
     }
     (|| dispatch!(isa, gemm_acc(m, n, k, a, lda, b, ldb, c, ldc)))();
-    true
+    Ok(())
 }
 
 /// `dst[c·ldd + r] = src[r·lds + c]` for an `rows × cols` block (out-of-place transpose).
-/// Returns false (doing nothing) if a slice is too short.
-#[must_use]
+/// A slice too short for the shape (a bug) is an [`KdaError::Internal`] error, with nothing done.
 pub fn transpose(
     isa: Isa,
     rows: usize,
@@ -407,9 +418,9 @@ pub fn transpose(
     lds: usize,
     dst: &mut [f32],
     ldd: usize,
-) -> bool {
+) -> Result<(), KdaError> {
     if rows == 0 || cols == 0 {
-        return true;
+        return Ok(());
     }
     let fits = |len: usize, r: usize, ld: usize, c: usize| {
         ld >= c
@@ -419,10 +430,12 @@ pub fn transpose(
                 .is_some_and(|need| need <= len)
     };
     if !(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows)) {
-        return false;
+        return Err(KdaError::Internal {
+            what: "simd::transpose arguments",
+        });
     }
     (|| dispatch!(isa, transpose(rows, cols, src, lds, dst, ldd)))();
-    true
+    Ok(())
 }
 
 #[cfg(test)]
@@ -497,10 +510,10 @@ mod tests {
         loop {
             let k1 = (k0 + step).min(n);
             if pack {
-                assert!(pack_panel(isa, ws, k0, k1, &mut panel));
-                assert!(panel_fma(isa, xs, k0, k1, &panel, &mut acc));
+                assert!(pack_panel(isa, ws, k0, k1, &mut panel).is_ok());
+                assert!(panel_fma(isa, xs, k0, k1, &panel, &mut acc).is_ok());
             } else {
-                assert!(rows_fma(isa, xs, ws, k0, k1, &mut acc));
+                assert!(rows_fma(isa, xs, ws, k0, k1, &mut acc).is_ok());
             }
             k0 = k1;
             if k0 >= n {
@@ -570,19 +583,13 @@ mod tests {
                 // Short slices are refused, not read past.
                 let mut acc = std::vec![0.0f32; DIRECT];
                 let mut panel = std::vec![0.0f32; n * PANEL];
-                assert!(!rows_fma(isa, &xs[..1], Rows::F32(&ws), 0, n + 1, &mut acc));
-                assert!(!rows_fma(isa, &xs[..2], Rows::F32(&ws), 0, n, &mut acc));
-                assert!(!rows_fma(isa, &xs[..1], Rows::F32(&[]), 0, n, &mut acc));
-                assert!(!pack_panel(isa, Rows::F32(&ws), 0, n, &mut panel));
-                assert!(!pack_panel(
-                    isa,
-                    Rows::F32(&ws[..PANEL]),
-                    0,
-                    n + 1,
-                    &mut panel
-                ));
-                assert!(!panel_fma(isa, &xs[..1], 0, n + 1, &panel, &mut acc));
-                assert!(!panel_fma(isa, &xs[..3], 0, n, &panel, &mut acc));
+                assert!(rows_fma(isa, &xs[..1], Rows::F32(&ws), 0, n + 1, &mut acc).is_err());
+                assert!(rows_fma(isa, &xs[..2], Rows::F32(&ws), 0, n, &mut acc).is_err());
+                assert!(rows_fma(isa, &xs[..1], Rows::F32(&[]), 0, n, &mut acc).is_err());
+                assert!(pack_panel(isa, Rows::F32(&ws), 0, n, &mut panel).is_err());
+                assert!(pack_panel(isa, Rows::F32(&ws[..PANEL]), 0, n + 1, &mut panel).is_err());
+                assert!(panel_fma(isa, &xs[..1], 0, n + 1, &panel, &mut acc).is_err());
+                assert!(panel_fma(isa, &xs[..3], 0, n, &panel, &mut acc).is_err());
             }
         }
     }
@@ -619,7 +626,9 @@ mod tests {
                             let mut k0 = 0;
                             while k0 < n {
                                 let k1 = (k0 + step).min(n);
-                                assert!(panels_fma(isa, &xs[..mt], &ps[..np], k0, k1, &mut acc));
+                                assert!(
+                                    panels_fma(isa, &xs[..mt], &ps[..np], k0, k1, &mut acc).is_ok()
+                                );
                                 k0 = k1;
                             }
                             for p in 0..np {
@@ -645,16 +654,9 @@ mod tests {
                     }
                 }
                 let mut acc = std::vec![0.0f32; 4 * 4 * PANEL];
-                assert!(!panels_fma(isa, &xs[..1], &ps[..1], 0, n + 1, &mut acc));
-                assert!(!panels_fma(
-                    isa,
-                    &xs,
-                    &ps,
-                    0,
-                    n,
-                    &mut acc[..4 * 4 * PANEL - 1]
-                ));
-                assert!(!panels_fma(isa, &[], &ps, 0, n, &mut acc));
+                assert!(panels_fma(isa, &xs[..1], &ps[..1], 0, n + 1, &mut acc).is_err());
+                assert!(panels_fma(isa, &xs, &ps, 0, n, &mut acc[..4 * 4 * PANEL - 1]).is_err());
+                assert!(panels_fma(isa, &[], &ps, 0, n, &mut acc).is_err());
                 // The bf16 panel kernel of prefill, in two k-blocks: the same bits as packing
                 // the rows.
                 for mt in 1..=4 {
@@ -662,16 +664,11 @@ mod tests {
                     let want = project(isa, n, xg, Rows::Bf16(&ws[..PANEL]), 0, true);
                     let mut acc = std::vec![0.0f32; mt * PANEL];
                     let h = n / 2;
-                    assert!(panel_fma_bf16(isa, xg, 0, h, &ps[0][..h * PANEL], &mut acc));
-                    assert!(panel_fma_bf16(isa, xg, h, n, &ps[0][h * PANEL..], &mut acc));
-                    assert!(!panel_fma_bf16(
-                        isa,
-                        xg,
-                        h,
-                        n + 1,
-                        &ps[0][h * PANEL..],
-                        &mut acc
-                    ));
+                    assert!(panel_fma_bf16(isa, xg, 0, h, &ps[0][..h * PANEL], &mut acc).is_ok());
+                    assert!(panel_fma_bf16(isa, xg, h, n, &ps[0][h * PANEL..], &mut acc).is_ok());
+                    assert!(
+                        panel_fma_bf16(isa, xg, h, n + 1, &ps[0][h * PANEL..], &mut acc).is_err()
+                    );
                     for (a, b) in acc.iter().zip(&want) {
                         assert_eq!(a.to_bits(), b.to_bits(), "{isa:?} panel_fma_bf16 n={n}");
                     }
@@ -726,7 +723,7 @@ mod tests {
             ] {
                 let src = rnd(r * (c + 1), 21);
                 let mut dst = std::vec![0.0; c * (r + 2)];
-                assert!(transpose(isa, r, c, &src, c + 1, &mut dst, r + 2));
+                assert!(transpose(isa, r, c, &src, c + 1, &mut dst, r + 2).is_ok());
                 for i in 0..r {
                     for j in 0..c {
                         assert_eq!(dst[j * (r + 2) + i], src[i * (c + 1) + j]);
@@ -759,7 +756,7 @@ mod tests {
                         }
                     }
                 }
-                assert!(gemm_acc(isa, m, n, k, &a, lda, &b, ldb, &mut c, ldc));
+                assert!(gemm_acc(isa, m, n, k, &a, lda, &b, ldb, &mut c, ldc).is_ok());
                 for i in 0..m {
                     for j in 0..ldc {
                         let w = want[i * ldc + j];
@@ -769,7 +766,10 @@ mod tests {
                         );
                     }
                 }
-                assert!(!gemm_acc(isa, m, n, k, &a[..1], lda, &b, ldb, &mut c, ldc) || m * k <= 1);
+                assert!(
+                    gemm_acc(isa, m, n, k, &a[..1], lda, &b, ldb, &mut c, ldc).is_err()
+                        || m * k <= 1
+                );
             }
         }
     }

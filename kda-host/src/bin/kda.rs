@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand, ValueEnum};
-use kda_core::{DecayGate, GateProj, InitialCaches, KdaConfig};
+use kda_core::{DecayGate, ForwardOptions, GateProj, InitialCaches, KdaConfig, KdaLayer};
 use kda_host::bench::{self, BenchOptions, Preset};
 use kda_host::checkpoint::layout::{GateTensors, WeightTensor};
 use kda_host::io::{write_output, Input};
@@ -28,26 +28,6 @@ use kda_host::{
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum ModeArg {
-    /// Let the library choose.
-    Auto,
-    /// Token-by-token recurrence.
-    Recurrent,
-    /// Chunked form (runs the recurrent path until the core has a chunked kernel).
-    Chunked,
-}
-
-impl From<ModeArg> for Mode {
-    fn from(m: ModeArg) -> Mode {
-        match m {
-            ModeArg::Auto => Mode::Auto,
-            ModeArg::Recurrent => Mode::Recurrent,
-            ModeArg::Chunked => Mode::Chunked,
-        }
-    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -119,8 +99,8 @@ enum Command {
         #[arg(long, value_name = "S")]
         state_out: Option<PathBuf>,
         /// Sequence path.
-        #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
-        mode: ModeArg,
+        #[arg(long, value_enum, default_value_t = Mode::Auto)]
+        mode: Mode,
         /// Worker threads (default: the available cores).
         #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
         threads: Option<usize>,
@@ -186,17 +166,11 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     );
     let x = rng.normals(prompt * cfg.hidden, 1.0);
     let t = Instant::now();
+    let layer = KdaLayer::new(&cfg, w, ForwardOptions::default()).map_err(|e| e.to_string())?;
     let y = runner
-        .forward_weights(
-            &cfg,
-            &w,
-            &x,
-            &[0, prompt],
-            &mut caches,
-            InitialCaches::Zero,
-            Mode::Auto,
-        )
+        .forward(&layer, &x, &[0, prompt], &mut caches, InitialCaches::Zero)
         .map_err(|e| e.to_string())?;
+    let layer = layer.with_mode(Mode::Recurrent);
     let dt = t.elapsed().as_secs_f64();
     let rms = (y.iter().map(|v| (v * v) as f64).sum::<f64>() / y.len().max(1) as f64).sqrt();
     println!(
@@ -209,7 +183,7 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     for _ in 0..steps {
         let xt = rng.normals(cfg.hidden, 1.0);
         last = runner
-            .decode_weights(&cfg, &w, &xt, &mut caches)
+            .decode(&layer, &xt, &mut caches)
             .map_err(|e| e.to_string())?;
     }
     let dt = t.elapsed().as_secs_f64();
@@ -385,16 +359,16 @@ fn forward(
         ),
     };
     let mut runner = Runner::default();
+    let opts = ForwardOptions::default().with_mode(mode);
+    let layer = KdaLayer::new(cfg, w, opts).map_err(|e| format!("layer {index}: {e}"))?;
     let out = pool
         .install(|| {
-            runner.forward_weights(
-                cfg,
-                &w,
+            runner.forward(
+                &layer,
                 &inp.hidden_states,
                 &inp.cu_seqlens,
                 &mut caches,
                 init,
-                mode,
             )
         })
         .map_err(|e: HostError| format!("layer {index}: {e}"))?;
@@ -430,7 +404,7 @@ fn run(cli: Cli) -> Result<(), String> {
             &output,
             state_in.as_deref(),
             state_out.as_deref(),
-            mode.into(),
+            mode,
             threads,
             layout,
         ),

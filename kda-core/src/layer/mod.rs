@@ -1,0 +1,537 @@
+//! The whole layer: a validated [`KdaLayer`] runs sequence forwards (prefill) and decode steps
+//! over caller buffers whose sizes its sizing methods give.
+//!
+//! Per token, in order (spec §9.2):
+//! projections → short convs (+SiLU) → decay gate, beta → q/k L2 norm → delta rule
+//! (token-by-token recurrence or chunked) → gated RMSNorm → `o_proj`.
+//!
+//! **Plan once.** [`KdaLayer::new`] checks the config, every weight's shape and form, the
+//! options and the instruction set once; per call only the lengths of the call's slices are
+//! checked.
+//!
+//! **Blocks.** Tokens are processed in blocks; the workspace holds one block's intermediates
+//! (and each worker's scratch), and the caller picks the block size by the workspace it passes
+//! ([`KdaLayer::workspace_len`]). The caches carry everything from one block to the next. In
+//! recurrent mode the result does not depend on the block size at all (bitwise); in chunked
+//! mode block ends are moved onto the sequence's chunk grid, so any block of at least
+//! `chunk_size` tokens gives bitwise the same result too.
+//!
+//! **Tasks.** Each block runs as three rounds of independent tasks on an [`Executor`]:
+//! projection tiles (`proj.rs`), one task per (sequence, head) for conv → norm → delta rule →
+//! gated norm (`task.rs`), then `o_proj` tiles. Results are bitwise identical for any number
+//! of threads. Intermediates are head-major (`[H, B, K]`) so each (sequence, head) task owns
+//! contiguous rows. The workspace regions and the block iterator are in `plan.rs`.
+//!
+//! **Failure policy.** Everything a caller can get wrong is checked before anything is
+//! written: in [`KdaLayer::new`] (config, weights, options) and at the start of each call
+//! (slice lengths, offsets, caches). Inside, functions return `Result<_, KdaError>` and pass
+//! errors on with `?`; what can fail there are only the bounds checks that keep the shared
+//! buffers' unsafe access sound, which the plan makes unreachable — they surface as
+//! [`KdaError::Internal`] naming the region (a bug to report), never as a panic.
+
+mod plan;
+mod proj;
+mod task;
+
+use crate::cache::CachesMut;
+use crate::config::KdaConfig;
+use crate::error::{check_len, KdaError};
+use crate::exec::{Executor, FirstError, Shared};
+use crate::ops::chunked::MAX_CHUNK;
+use crate::simd::Isa;
+use crate::weights::KdaWeights;
+
+use plan::{Block, BlockSize, Blocks, Sequences};
+use proj::{ProjOutputs, Round};
+use task::{HeadBuffers, SeqHead};
+
+/// Where a forward call's caches start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum InitialCaches {
+    /// Every sequence starts fresh: the caches are zeroed first (their contents are ignored).
+    Zero,
+    /// The caches hold each sequence's state so far (a continuation, or a prefix cache).
+    /// To start some sequences fresh and continue others, zero the former with
+    /// [`CachesMut::reset_sequence`] and pass `Given`.
+    Given,
+}
+
+/// How the delta rule runs over a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Mode {
+    /// Chunked for sequences of at least [`AUTO_CHUNK_MIN_TOKENS`] tokens, else recurrent.
+    #[default]
+    Auto,
+    /// Token by token (what decode always uses).
+    Recurrent,
+    /// The chunked (WY/UT) form.
+    Chunked,
+}
+
+impl Mode {
+    /// The mode's name as the `kda` tool spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Auto => "auto",
+            Mode::Recurrent => "recurrent",
+            Mode::Chunked => "chunked",
+        }
+    }
+
+    /// What a sequence of `len` tokens runs as: [`Mode::Recurrent`] or [`Mode::Chunked`].
+    pub fn resolve(self, len: usize) -> Mode {
+        match self {
+            Mode::Auto if len >= AUTO_CHUNK_MIN_TOKENS => Mode::Chunked,
+            Mode::Auto => Mode::Recurrent,
+            m => m,
+        }
+    }
+}
+
+/// Default chunk size, chosen by measurement (`cargo bench -p kda-core --bench delta_rule`;
+/// the figures are in the README): the state products are efficient GEMMs at 16, 32 or 64, so
+/// the per-token intra-chunk work, which grows with the chunk size, decides.
+pub const DEFAULT_CHUNK: usize = 16;
+
+/// In [`Mode::Auto`], sequences at least this long run chunked: the measured crossover below
+/// which the recurrence is faster (README).
+pub const AUTO_CHUNK_MIN_TOKENS: usize = 8;
+
+/// Options of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct ForwardOptions {
+    /// Recurrent, chunked, or chosen by length.
+    pub mode: Mode,
+    /// Chunk size for the chunked form (1..=256; 16, 32, 64 are typical).
+    pub chunk_size: usize,
+    /// Kernel path; `None` picks the fastest this CPU supports.
+    pub isa: Option<Isa>,
+}
+
+impl Default for ForwardOptions {
+    fn default() -> Self {
+        ForwardOptions {
+            mode: Mode::Auto,
+            chunk_size: DEFAULT_CHUNK,
+            isa: None,
+        }
+    }
+}
+
+impl ForwardOptions {
+    /// Token-by-token only.
+    pub fn recurrent() -> Self {
+        ForwardOptions {
+            mode: Mode::Recurrent,
+            ..Self::default()
+        }
+    }
+
+    /// These options with `mode`.
+    pub fn with_mode(self, mode: Mode) -> Self {
+        ForwardOptions { mode, ..self }
+    }
+
+    /// Checks the chunk size and the ISA; returns the ISA to run.
+    fn validate(&self) -> Result<Isa, KdaError> {
+        if self.chunk_size == 0 || self.chunk_size > MAX_CHUNK {
+            return Err(KdaError::Config {
+                field: "chunk_size",
+                reason: "must be between 1 and 256",
+            });
+        }
+        match self.isa {
+            None => Ok(Isa::detect()),
+            Some(i) if i.is_supported() => Ok(i),
+            Some(_) => Err(KdaError::Config {
+                field: "isa",
+                reason: "not supported by this CPU",
+            }),
+        }
+    }
+
+    /// The chunk size a sequence of `len` tokens runs with, or `None` when it runs recurrent.
+    fn chunk_for(&self, len: usize) -> Option<usize> {
+        (self.mode.resolve(len) == Mode::Chunked).then_some(self.chunk_size)
+    }
+}
+
+/// f32 elements of workspace for a forward with `opts`, processing up to `block_tokens` tokens
+/// at a time on an executor with `workers` workers. (Any `block_tokens ≥ 1` gives a correct
+/// result; larger blocks reuse each weight row more.) With [`Mode::Auto`], chunk scratch is
+/// included only when `block_tokens` reaches [`AUTO_CHUNK_MIN_TOKENS`]: pass the longest
+/// sequence length (or more) as `block_tokens` if the block may be smaller than a sequence.
+///
+/// Needs no weights, so static buffers can be sized before a layer exists;
+/// [`KdaLayer::workspace_len`] gives the same figure.
+pub fn workspace_len(
+    cfg: &KdaConfig,
+    opts: &ForwardOptions,
+    block_tokens: usize,
+    workers: usize,
+) -> Result<usize, KdaError> {
+    cfg.validate()?;
+    opts.validate()?;
+    plan::workspace_for(cfg, opts.chunk_for(block_tokens), block_tokens, workers)
+}
+
+/// Workspace for a forward (default options, one worker) with blocks of up to `block_tokens`
+/// tokens.
+pub fn forward_workspace_len(cfg: &KdaConfig, block_tokens: usize) -> Result<usize, KdaError> {
+    workspace_len(cfg, &ForwardOptions::default(), block_tokens, 1)
+}
+
+/// Workspace for a decode step over `batch` sequences in one block, one worker (a smaller
+/// workspace, down to one sequence's worth, also works, in more blocks).
+pub fn decode_workspace_len(cfg: &KdaConfig, batch: usize) -> Result<usize, KdaError> {
+    workspace_len(cfg, &ForwardOptions::recurrent(), batch, 1)
+}
+
+/// Checks `cu_seqlens` (`[N+1]`, starts at 0, non-decreasing, ends at `tokens`); returns `N`.
+pub fn validate_offsets(cu_seqlens: &[usize], tokens: usize) -> Result<usize, KdaError> {
+    let bad = |reason| Err(KdaError::Offsets { reason });
+    let (Some(&first), Some(&last)) = (cu_seqlens.first(), cu_seqlens.last()) else {
+        return bad("is empty (needs at least [0, T])");
+    };
+    if cu_seqlens.len() < 2 {
+        return bad("needs at least two entries [0, T]");
+    }
+    if first != 0 {
+        return bad("must start at 0");
+    }
+    if cu_seqlens.windows(2).any(|p| p[1] < p[0]) {
+        return bad("must be non-decreasing");
+    }
+    if last != tokens {
+        return bad("must end at the number of tokens (rows of x)");
+    }
+    Ok(cu_seqlens.len() - 1)
+}
+
+/// Rows of `width` in a slice of `len`, or a [`KdaError::Length`] naming `arg`.
+fn rows_of(arg: &'static str, len: usize, width: usize) -> Result<usize, KdaError> {
+    if len % width != 0 {
+        return Err(KdaError::Length {
+            arg,
+            expected: len - len % width,
+            actual: len,
+        });
+    }
+    Ok(len / width)
+}
+
+/// The tokens of one forward call: `N` packed sequences and where their outputs go.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    /// `[T, hidden]` input rows.
+    pub x: &'a [f32],
+    /// `[N+1]` offsets: sequence `n` is rows `cu_seqlens[n]..cu_seqlens[n+1]` (may be empty).
+    pub cu_seqlens: &'a [usize],
+    /// `[T, hidden]` output rows.
+    pub out: &'a mut [f32],
+}
+
+/// A KDA layer with its weights, validated once: config, weight shapes and forms, options and
+/// the instruction set to run.
+#[derive(Debug, Clone, Copy)]
+pub struct KdaLayer<'w> {
+    cfg: KdaConfig,
+    weights: KdaWeights<'w>,
+    opts: ForwardOptions,
+    isa: Isa,
+    state_len: usize,
+    conv_state_len: usize,
+}
+
+impl<'w> KdaLayer<'w> {
+    /// Checks `cfg`, `weights` against it, and `opts` (chunk size; the ISA, which `None` picks
+    /// as the fastest this CPU supports).
+    pub fn new(
+        cfg: &KdaConfig,
+        weights: KdaWeights<'w>,
+        opts: ForwardOptions,
+    ) -> Result<Self, KdaError> {
+        weights.validate(cfg)?;
+        let isa = opts.validate()?;
+        Ok(KdaLayer {
+            cfg: *cfg,
+            weights,
+            opts,
+            isa,
+            state_len: cfg.state_len()?,
+            conv_state_len: cfg.conv_state_len()?,
+        })
+    }
+
+    /// The layer's configuration.
+    pub fn config(&self) -> &KdaConfig {
+        &self.cfg
+    }
+
+    /// The layer's weights.
+    pub fn weights(&self) -> &KdaWeights<'w> {
+        &self.weights
+    }
+
+    /// The layer's options (the ISA as asked for; [`Self::isa`] is the one that runs).
+    pub fn options(&self) -> &ForwardOptions {
+        &self.opts
+    }
+
+    /// The instruction set the kernels run.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The same layer with another mode (the rest stays validated).
+    pub fn with_mode(self, mode: Mode) -> Self {
+        KdaLayer {
+            opts: self.opts.with_mode(mode),
+            ..self
+        }
+    }
+
+    /// f32 elements of workspace for [`Self::forward`] with blocks of up to `block_tokens`
+    /// tokens on `workers` workers (see [`workspace_len`]).
+    pub fn workspace_len(&self, block_tokens: usize, workers: usize) -> Result<usize, KdaError> {
+        let chunk = self.opts.chunk_for(block_tokens);
+        plan::workspace_for(&self.cfg, chunk, block_tokens, workers)
+    }
+
+    /// f32 elements of workspace for a [`Self::decode_step`] over `batch` sequences in one
+    /// block on `workers` workers.
+    pub fn decode_workspace_len(&self, batch: usize, workers: usize) -> Result<usize, KdaError> {
+        plan::workspace_for(&self.cfg, None, batch, workers)
+    }
+
+    /// Runs the layer over the `N` packed sequences of `batch`.
+    ///
+    /// * `caches`: the `N` sequences' caches, read as initial caches when `init` is
+    ///   [`InitialCaches::Given`] and always left holding the final caches.
+    /// * `workspace`: at least [`Self::workspace_len`]`(1, exec.workers())` elements (with
+    ///   `block_tokens` covering the longest sequence in [`Mode::Auto`]); the block size is
+    ///   whatever fits.
+    ///
+    /// Every length and offset is checked before anything is written. NaN or ±∞ in the
+    /// inputs, weights or caches propagate to the outputs of their token and the tokens after
+    /// it; they never cause a panic.
+    pub fn forward(
+        &self,
+        batch: Batch<'_>,
+        mut caches: CachesMut<'_>,
+        init: InitialCaches,
+        workspace: &mut [f32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let Batch { x, cu_seqlens, out } = batch;
+        let tokens = rows_of("x", x.len(), self.cfg.hidden)?;
+        check_len("out", out.len(), x.len())?;
+        let n = validate_offsets(cu_seqlens, tokens)?;
+        caches.validate(&self.cfg, n)?;
+        let seqs = Sequences::Offsets(cu_seqlens);
+        let longest = (0..n).map(|s| seqs.len(s)).max().unwrap_or(0);
+        let chunk = self.opts.chunk_for(longest);
+        let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, chunk, exec.workers())?;
+        if init == InitialCaches::Zero {
+            caches.reset();
+        }
+        self.run(Call { x, seqs, size }, caches, out, workspace, exec)
+    }
+
+    /// One decode step: one token for each of `N` sequences, each with its own caches
+    /// (`x`, `out`: `[N, hidden]`; caches hold `N` sequences and are updated in place). Always
+    /// recurrent. `workspace`: at least [`Self::decode_workspace_len`]`(1, exec.workers())`.
+    pub fn decode_step(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        caches: CachesMut<'_>,
+        workspace: &mut [f32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let n = rows_of("x", x.len(), self.cfg.hidden)?;
+        check_len("out", out.len(), x.len())?;
+        caches.validate(&self.cfg, n)?;
+        let size = BlockSize::fit(&self.cfg, workspace.len(), n, None, exec.workers())?;
+        let layer = self.with_mode(Mode::Recurrent);
+        let seqs = Sequences::OneEach(n);
+        layer.run(Call { x, seqs, size }, caches, out, workspace, exec)
+    }
+}
+
+/// What one validated call runs over.
+struct Call<'a> {
+    x: &'a [f32],
+    seqs: Sequences<'a>,
+    size: BlockSize,
+}
+
+impl KdaLayer<'_> {
+    /// The layer after validation: block by block, three rounds each.
+    fn run(
+        &self,
+        call: Call<'_>,
+        caches: CachesMut<'_>,
+        out: &mut [f32],
+        workspace: &mut [f32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let layout = call.size.layout(&self.cfg)?;
+        let [q, k, v, decay, gate, beta, low_rank, scratch] = layout.carve(workspace)?;
+        let bufs = BlockBuffers {
+            q,
+            k,
+            v,
+            decay,
+            gate,
+            beta,
+            low_rank,
+            scratch: Shared::new(scratch),
+        };
+        let caches = CacheViews {
+            states: Shared::new(caches.recurrent),
+            conv: [
+                Shared::new(caches.conv_q),
+                Shared::new(caches.conv_k),
+                Shared::new(caches.conv_v),
+            ],
+        };
+        let out = Shared::new(out);
+        let chunk_of = |s: usize| self.opts.chunk_for(call.seqs.len(s));
+        let mut bufs = bufs;
+        for block in Blocks::new(call.seqs, call.size.tokens, &chunk_of) {
+            self.block(&call, &block, &mut bufs, &caches, &out, exec)?;
+        }
+        Ok(())
+    }
+
+    /// One block: the three rounds over rows `block.t0..block.t1`.
+    fn block(
+        &self,
+        call: &Call<'_>,
+        block: &Block,
+        bufs: &mut BlockBuffers<'_>,
+        caches: &CacheViews<'_>,
+        out: &Shared<'_>,
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let (hidden, d, h) = (self.cfg.hidden, self.cfg.proj_dim(), self.cfg.heads);
+        let (rf, rg) = plan::ranks(&self.cfg);
+        let b = block.len();
+        let x = &call.x[block.t0 * hidden..block.t1 * hidden];
+        let q = Shared::new(&mut bufs.q[..b * d]);
+        let k = Shared::new(&mut bufs.k[..b * d]);
+        let v = Shared::new(&mut bufs.v[..b * d]);
+        let decay = Shared::new(&mut bufs.decay[..b * d]);
+        let gate = Shared::new(&mut bufs.gate[..b * d]);
+        let beta = Shared::new(&mut bufs.beta[..b * h]);
+        let low_rank = Shared::new(&mut bufs.low_rank[..b * (rf + rg)]);
+        let round = Round {
+            layer: self,
+            tokens: b,
+            scratch: &bufs.scratch,
+            worker_len: call.size.worker_len,
+        };
+        let outputs = ProjOutputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            decay: &decay,
+            beta: &beta,
+            gate: &gate,
+            low_rank: &low_rank,
+        };
+        round.from_input(x, &outputs, exec)?;
+        if rf + rg > 0 {
+            // SAFETY: round 1 has finished; nothing else refers to the bottleneck rows now.
+            let low = unsafe { low_rank.slice("bottleneck", 0, b * (rf + rg))? };
+            round.low_rank_up(low, &outputs, exec)?;
+        }
+        let heads = HeadBuffers {
+            q: &q,
+            k: &k,
+            v: &v,
+            decay: &decay,
+            beta: &beta,
+            gate: &gate,
+            states: &caches.states,
+            conv: [&caches.conv[0], &caches.conv[1], &caches.conv[2]],
+            scratch: &bufs.scratch,
+            worker_len: call.size.worker_len,
+            tokens: b,
+        };
+        self.seq_heads(call, block, &heads, exec)?;
+        // SAFETY: round 2 has finished; the gate rows hold the normed rows, only read from here.
+        let normed = unsafe { gate.slice("normed rows", 0, b * d)? };
+        // SAFETY: this block's output rows are disjoint from every other block's, and within
+        // the round each tile writes its own output columns.
+        let rows = unsafe { out.slice("output rows", block.t0 * hidden, b * hidden)? };
+        round.output(normed, &Shared::new(rows), exec)
+    }
+
+    /// Round 2: one task per (sequence, head) of the block.
+    fn seq_heads(
+        &self,
+        call: &Call<'_>,
+        block: &Block,
+        heads: &HeadBuffers<'_>,
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let h = self.cfg.heads;
+        let first_error = FirstError::default();
+        exec.run(block.seqs * h, &|task, worker| {
+            let Some(job) = self.piece(call, block, block.first_seq + task / h, task % h) else {
+                return;
+            };
+            // SAFETY: tasks of one round have distinct (sequence, head) pairs, and the
+            // Executor contract gives concurrently running tasks distinct workers.
+            first_error.record(unsafe { heads.run(self, job, worker) });
+        });
+        first_error.take()
+    }
+
+    /// The piece of sequence `seq`, head `head` in `block`, or `None` if the sequence has no
+    /// rows there.
+    fn piece(&self, call: &Call<'_>, block: &Block, seq: usize, head: usize) -> Option<SeqHead> {
+        let start = call.seqs.start(seq);
+        let a = start.max(block.t0) - block.t0;
+        let b = call.seqs.start(seq + 1).min(block.t1) - block.t0;
+        if a >= b {
+            return None;
+        }
+        let chunk = self.opts.chunk_for(call.seqs.len(seq)).map(|c| {
+            // Tokens of this sequence already run: the first chunk here completes the grid.
+            let phase = (block.t0 + a - start) % c;
+            (c, if phase == 0 { c } else { c - phase })
+        });
+        Some(SeqHead {
+            seq,
+            head,
+            row: a,
+            len: b - a,
+            chunk,
+        })
+    }
+}
+
+/// The workspace regions of a call.
+struct BlockBuffers<'a> {
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    decay: &'a mut [f32],
+    gate: &'a mut [f32],
+    beta: &'a mut [f32],
+    low_rank: &'a mut [f32],
+    scratch: Shared<'a>,
+}
+
+/// The caches of a call, shared by the (sequence, head) tasks.
+struct CacheViews<'a> {
+    states: Shared<'a>,
+    conv: [Shared<'a>; 3],
+}

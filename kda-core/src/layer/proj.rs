@@ -1,0 +1,328 @@
+//! The projection rounds of a block: every projection from `x` (round 1), the low-rank gates'
+//! up-projections (round 1b) and `o_proj` (round 3), each split into tiles of output rows that
+//! run as independent tasks.
+
+use crate::error::KdaError;
+use crate::exec::{Executor, FirstError, Shared};
+use crate::math::{exp, sigmoid};
+use crate::ops::gate::decay_one;
+use crate::ops::linear::project_tile;
+use crate::weights::{GateWeights, MatRef};
+
+use super::KdaLayer;
+
+/// Output rows per projection task: 64 lets decode stream four 16-row panels at once
+/// (panel-layout weights) and is a whole number of the kernels' 8-, 16- and 32-row groups.
+const TILE: usize = 64;
+
+/// How a projection's output element `(t, o)` is laid out.
+#[derive(Clone, Copy)]
+pub(super) enum Layout {
+    /// `[H, B, K]`: `(o / K)·B·K + t·K + o % K`.
+    HeadMajor { head_dim: usize, tokens: usize },
+    /// `[R, B]`: `o·B + t`.
+    Transposed { tokens: usize },
+    /// `[B, ld]` at column offset `off`: `t·ld + off + o`.
+    TokenMajor { ld: usize, off: usize },
+}
+
+impl Layout {
+    #[inline]
+    fn index(self, t: usize, o: usize) -> usize {
+        match self {
+            Layout::HeadMajor {
+                head_dim: k,
+                tokens,
+            } => (o / k) * tokens * k + t * k + o % k,
+            Layout::Transposed { tokens } => o * tokens + t,
+            Layout::TokenMajor { ld, off } => t * ld + off + o,
+        }
+    }
+
+    /// Whether outputs `first..first + len` of one token are contiguous in this layout.
+    #[inline]
+    fn contiguous(self, first: usize, len: usize) -> bool {
+        match self {
+            Layout::HeadMajor { head_dim: k, .. } => first % k + len <= k,
+            Layout::TokenMajor { .. } => true,
+            Layout::Transposed { .. } => len <= 1,
+        }
+    }
+}
+
+/// What happens to a projected value before it is stored.
+#[derive(Clone, Copy)]
+pub(super) enum Post {
+    None,
+    Decay,
+    Sigmoid,
+}
+
+/// One projection: `out[layout(t, o)] = post(x[t, off..off+cols] · W[o])`.
+pub(super) struct Proj<'a, 'w> {
+    pub(super) w: MatRef<'w>,
+    /// Input rows `[B, x_ld]`, read from column `x_off`.
+    pub(super) x: &'a [f32],
+    pub(super) x_ld: usize,
+    pub(super) x_off: usize,
+    pub(super) out: &'a Shared<'a>,
+    pub(super) layout: Layout,
+    pub(super) post: Post,
+}
+
+/// The shared state of one projection round: the layer, the block's token count and the
+/// workers' scratch.
+pub(super) struct Round<'r, 'w> {
+    pub(super) layer: &'r KdaLayer<'w>,
+    pub(super) tokens: usize,
+    pub(super) scratch: &'r Shared<'r>,
+    pub(super) worker_len: usize,
+}
+
+impl Round<'_, '_> {
+    /// Runs every tile of `projs` as one round of tasks on `exec`.
+    pub(super) fn run(&self, projs: &[Proj<'_, '_>], exec: &dyn Executor) -> Result<(), KdaError> {
+        let tiles = |p: &Proj<'_, '_>| p.w.rows().div_ceil(TILE);
+        let total: usize = projs.iter().map(tiles).sum();
+        let first_error = FirstError::default();
+        exec.run(total, &|task, worker| {
+            let mut t = task;
+            for p in projs {
+                let n = tiles(p);
+                if t < n {
+                    let rows = t * TILE..((t + 1) * TILE).min(p.w.rows());
+                    first_error.record(self.tile(p, rows, worker));
+                    return;
+                }
+                t -= n;
+            }
+        });
+        first_error.take()
+    }
+
+    /// Output rows `rows` of `p` for the block's tokens, on worker `worker`'s scratch.
+    fn tile(
+        &self,
+        p: &Proj<'_, '_>,
+        rows: core::ops::Range<usize>,
+        worker: usize,
+    ) -> Result<(), KdaError> {
+        // SAFETY: the scratch of worker index `worker` is used by one task at a time
+        // (Executor contract), and no other round runs concurrently.
+        let scratch = unsafe {
+            self.scratch.slice(
+                "projection scratch",
+                worker * self.worker_len,
+                self.worker_len,
+            )?
+        };
+        let cols = p.w.cols();
+        let row = |t: usize| &p.x[t * p.x_ld + p.x_off..t * p.x_ld + p.x_off + cols];
+        let mut post = PostOp::new(self.layer, p.post);
+        let mut store = |t: usize, first: usize, vals: &[f32]| store(p, &mut post, t, first, vals);
+        let isa = self.layer.isa;
+        project_tile(
+            isa,
+            &row,
+            self.tokens,
+            &p.w,
+            rows.start,
+            rows.end,
+            scratch,
+            &mut store,
+        )
+    }
+}
+
+/// The post-processing of one tile, with `exp(A_log)` cached for the head of the last row
+/// seen (rows arrive in order within a tile).
+struct PostOp<'l, 'w> {
+    layer: &'l KdaLayer<'w>,
+    post: Post,
+    head_a: (usize, Option<f32>),
+}
+
+impl<'l, 'w> PostOp<'l, 'w> {
+    fn new(layer: &'l KdaLayer<'w>, post: Post) -> Self {
+        PostOp {
+            layer,
+            post,
+            head_a: (usize::MAX, None),
+        }
+    }
+
+    #[inline]
+    fn apply(&mut self, o: usize, v: f32) -> f32 {
+        match self.post {
+            Post::None => v,
+            Post::Sigmoid => sigmoid(v),
+            Post::Decay => {
+                let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
+                let h = o / cfg.head_dim;
+                if self.head_a.0 != h {
+                    self.head_a = (h, w.a_log.map(|a| exp(a.at(h))));
+                }
+                decay_one(cfg.decay_gate, self.head_a.1, w.dt_bias, o, v)
+            }
+        }
+    }
+}
+
+/// Stores outputs `first..first + vals.len()` of token `t`: as a slice where they land
+/// contiguously (one head of a head-major buffer, or a token-major row), else one by one.
+fn store(
+    p: &Proj<'_, '_>,
+    post: &mut PostOp<'_, '_>,
+    t: usize,
+    first: usize,
+    vals: &[f32],
+) -> Result<(), KdaError> {
+    if p.layout.contiguous(first, vals.len()) {
+        // SAFETY: tiles of different tasks cover different output rows, and every layout
+        // maps distinct (t, o) to distinct indices; the range covers outputs
+        // `first..first + len` of token `t`, which only this task writes.
+        let dst = unsafe {
+            p.out
+                .slice("projection output", p.layout.index(t, first), vals.len())?
+        };
+        for (j, (d, &v)) in dst.iter_mut().zip(vals).enumerate() {
+            *d = post.apply(first + j, v);
+        }
+        return Ok(());
+    }
+    for (j, &v) in vals.iter().enumerate() {
+        let o = first + j;
+        // SAFETY: as above, for one element.
+        unsafe {
+            p.out
+                .write("projection output", p.layout.index(t, o), post.apply(o, v))?
+        };
+    }
+    Ok(())
+}
+
+/// The block's buffers the projections write, shared by the round's tasks.
+pub(super) struct ProjOutputs<'a> {
+    pub(super) q: &'a Shared<'a>,
+    pub(super) k: &'a Shared<'a>,
+    pub(super) v: &'a Shared<'a>,
+    pub(super) decay: &'a Shared<'a>,
+    pub(super) beta: &'a Shared<'a>,
+    pub(super) gate: &'a Shared<'a>,
+    pub(super) low_rank: &'a Shared<'a>,
+}
+
+impl<'r, 'w> Round<'r, 'w> {
+    /// Round 1: every projection from the block's input rows `x` (`[B, hidden]`).
+    pub(super) fn from_input(
+        &self,
+        x: &[f32],
+        out: &ProjOutputs<'_>,
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
+        let (d, b) = (cfg.proj_dim(), self.tokens);
+        let (rf, rg) = super::plan::ranks(cfg);
+        let head_major = Layout::HeadMajor {
+            head_dim: cfg.head_dim,
+            tokens: b,
+        };
+        let proj = |w, out, layout, post| Proj {
+            w,
+            x,
+            x_ld: cfg.hidden,
+            x_off: 0,
+            out,
+            layout,
+            post,
+        };
+        let low = |off| Layout::TokenMajor { ld: rf + rg, off };
+        let decay = match w.decay_proj {
+            GateWeights::FullRank(m) => proj(m, out.decay, head_major, Post::Decay),
+            GateWeights::LowRank { down, .. } => proj(down, out.low_rank, low(0), Post::None),
+        };
+        let gate = match w.output_gate {
+            GateWeights::FullRank(m) => proj(
+                m,
+                out.gate,
+                Layout::TokenMajor { ld: d, off: 0 },
+                Post::None,
+            ),
+            GateWeights::LowRank { down, .. } => proj(down, out.low_rank, low(rf), Post::None),
+        };
+        let beta = Layout::Transposed { tokens: b };
+        let projs = [
+            proj(w.q_proj, out.q, head_major, Post::None),
+            proj(w.k_proj, out.k, head_major, Post::None),
+            proj(w.v_proj, out.v, head_major, Post::None),
+            decay,
+            proj(w.b_proj, out.beta, beta, Post::Sigmoid),
+            gate,
+        ];
+        self.run(&projs, exec)
+    }
+
+    /// Round 1b: the up-projections of the low-rank gates from the bottleneck rows `low`
+    /// (`[B, r_decay + r_gate]`).
+    pub(super) fn low_rank_up(
+        &self,
+        low: &[f32],
+        out: &ProjOutputs<'_>,
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
+        let (rf, rg) = super::plan::ranks(cfg);
+        let up = |w, off, out, layout, post| Proj {
+            w,
+            x: low,
+            x_ld: rf + rg,
+            x_off: off,
+            out,
+            layout,
+            post,
+        };
+        let head_major = Layout::HeadMajor {
+            head_dim: cfg.head_dim,
+            tokens: self.tokens,
+        };
+        let token_major = Layout::TokenMajor {
+            ld: cfg.proj_dim(),
+            off: 0,
+        };
+        let mut projs = [None, None];
+        if let GateWeights::LowRank { up: u, .. } = w.decay_proj {
+            projs[0] = Some(up(u, 0, out.decay, head_major, Post::Decay));
+        }
+        if let GateWeights::LowRank { up: u, .. } = w.output_gate {
+            projs[1] = Some(up(u, rf, out.gate, token_major, Post::None));
+        }
+        match projs {
+            [Some(a), Some(b)] => self.run(&[a, b], exec),
+            [Some(a), None] | [None, Some(a)] => self.run(&[a], exec),
+            [None, None] => Ok(()),
+        }
+    }
+
+    /// Round 3: `o_proj` from the normed rows `normed` (`[B, H·K]`) into `out` (`[B, hidden]`).
+    pub(super) fn output(
+        &self,
+        normed: &[f32],
+        out: &Shared<'_>,
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let cfg = &self.layer.cfg;
+        let p = Proj {
+            w: self.layer.weights.o_proj,
+            x: normed,
+            x_ld: cfg.proj_dim(),
+            x_off: 0,
+            out,
+            layout: Layout::TokenMajor {
+                ld: cfg.hidden,
+                off: 0,
+            },
+            post: Post::None,
+        };
+        self.run(&[p], exec)
+    }
+}
