@@ -11,7 +11,7 @@
 //! [`k_first_to_v_first`] / [`v_first_to_k_first`] (exact: a transpose).
 
 use crate::config::KdaConfig;
-use crate::error::{check_len, mul, KdaError};
+use crate::error::{check_len, mul, rows_of, KdaError};
 
 /// Mutable views of the caches of `N` sequences (see the module docs for the layouts).
 #[derive(Debug)]
@@ -96,13 +96,14 @@ fn transpose_blocks(
 ) -> Result<(), KdaError> {
     let block = mul("state", rows, cols)?;
     check_len("state dst", dst.len(), src.len())?;
-    if block == 0 || src.len() % block != 0 {
+    if block == 0 && !src.is_empty() {
         return Err(KdaError::Length {
             arg: "state src",
-            expected: src.len() - src.len() % block.max(1),
+            expected: 0,
             actual: src.len(),
         });
     }
+    rows_of("state src", src.len(), block)?;
     for (s, d) in src.chunks_exact(block).zip(dst.chunks_exact_mut(block)) {
         for r in 0..rows {
             for c in 0..cols {

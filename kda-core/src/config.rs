@@ -5,6 +5,7 @@ use crate::error::{add, mul, KdaError};
 /// How the per-channel log-decay `g ≤ 0` is computed from the raw decay projection `f`
 /// (spec §3.4). `x = f + dt_bias`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DecayGate {
     /// Kimi Linear: `g = −exp(A_log[h]) · softplus(x)` (softplus threshold 20, as torch).
     /// Unbounded below. Requires `A_log`.
@@ -16,6 +17,7 @@ pub enum DecayGate {
 
 /// Shape of a gate projection from `hidden` to `heads · head_dim`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum GateProj {
     /// One matrix `[heads·head_dim, hidden]` (Kimi K3's output gate `g_proj`).
     FullRank,
@@ -42,6 +44,7 @@ impl GateProj {
 /// Key and value head dims are equal (`K = V = head_dim`), and every value head has its own
 /// q/k head (no GVA), as in all Kimi models.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct KdaConfig {
     /// Model width (rows of the input and the output).
     pub hidden: usize,

@@ -5,6 +5,7 @@ use core::fmt;
 /// Everything the core can reject. Each variant names the offending argument, so a caller can
 /// turn it into a message without knowing the call site.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum KdaError {
     /// A slice has the wrong number of elements.
     Length {
@@ -118,4 +119,23 @@ pub(crate) fn mul(what: &'static str, a: usize, b: usize) -> Result<usize, KdaEr
 /// Checked `a + b`, naming what is being sized on overflow.
 pub(crate) fn add(what: &'static str, a: usize, b: usize) -> Result<usize, KdaError> {
     a.checked_add(b).ok_or(KdaError::Overflow { what })
+}
+
+/// The number of rows of `width` in a slice of `len` elements; a [`KdaError::Length`] naming
+/// `arg` when `len` is not a whole number of rows (or `width` is 0 and `len` is not).
+pub(crate) fn rows_of(arg: &'static str, len: usize, width: usize) -> Result<usize, KdaError> {
+    match len.checked_rem(width) {
+        Some(0) => Ok(len / width),
+        Some(rem) => Err(KdaError::Length {
+            arg,
+            expected: len - rem,
+            actual: len,
+        }),
+        None if len == 0 => Ok(0),
+        None => Err(KdaError::Length {
+            arg,
+            expected: 0,
+            actual: len,
+        }),
+    }
 }

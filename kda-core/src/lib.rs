@@ -6,15 +6,17 @@
 //! * [`KdaConfig`] fixes the shapes and gate forms; [`KdaWeights`] borrows the checkpoint's
 //!   tensors (f32, bf16 or f16, `[out, in]` row-major).
 //! * The caller owns every buffer and asks the core how big each must be:
-//!   [`KdaConfig::state_len`], [`KdaConfig::conv_state_len`], [`forward_workspace_len`],
-//!   [`decode_workspace_len`].
-//! * Entry points: [`forward`] (packed sequences by `cu_seqlens`) and [`decode_step`]
-//!   (one token for each of N sequences); [`forward_with`] / [`decode_step_with`] take
-//!   [`ForwardOptions`] (recurrent / chunked / auto, chunk size, kernel path) and an
-//!   [`Executor`] (threads); all also behind the [`KdaBackend`] trait.
-//! * Every component is its own tested function in [`ops`]: the gate in `ops/gate.rs`, the
-//!   conv in `ops/conv.rs`, the recurrence in `ops/recurrent.rs`, the chunked kernel in
-//!   `ops/chunked.rs`, the norms in `ops/norm.rs`; the SIMD inner loops in `simd/`.
+//!   [`KdaConfig::state_len`], [`KdaConfig::conv_state_len`], [`KdaLayer::workspace_len`],
+//!   [`KdaLayer::decode_workspace_len`] (or [`workspace_len`] before the weights exist).
+//! * [`KdaLayer::new`] validates the config, the weights and the [`ForwardOptions`] (recurrent /
+//!   chunked / auto, chunk size, kernel path) once; then [`KdaLayer::forward`] (packed
+//!   sequences by `cu_seqlens`, in a [`Batch`]) and [`KdaLayer::decode_step`] (one token for
+//!   each of N sequences) take only per-call buffers and an [`Executor`] (threads). The same
+//!   calls are behind the [`KdaBackend`] trait.
+//! * The components are public functions in [`ops`], each tested against the reference: the
+//!   gate in `ops/gate.rs`, the conv in `ops/conv.rs`, the recurrence in `ops/recurrent.rs`,
+//!   the chunked kernel in `ops/chunked.rs`, the norms in `ops/norm.rs`; the SIMD inner loops
+//!   live in the private `simd/`.
 //!
 //! Errors are values ([`KdaError`]), never panics. NaN or ±∞ in inputs propagate to outputs.
 //!
@@ -38,10 +40,12 @@
 //! let (mut cq, mut ck, mut cv) = ([0.0f32; 12], [0.0f32; 12], [0.0f32; 12]);
 //! let caches = CachesMut { recurrent: &mut state, conv_q: &mut cq, conv_k: &mut ck, conv_v: &mut cv };
 //! // The core says how much workspace it needs; any amount from 1 token's worth works.
-//! let mut ws = vec![0.0f32; forward_workspace_len(&cfg, 3).unwrap()];
+//! let layer = KdaLayer::new(&cfg, weights, ForwardOptions::default()).unwrap();
+//! let mut ws = vec![0.0f32; layer.workspace_len(3, 1).unwrap()];
 //! let x = [0.5f32; 3 * 8];
 //! let mut out = [0.0f32; 3 * 8];
-//! forward(&cfg, &weights, &x, &[0, 3], caches, InitialCaches::Zero, &mut out, &mut ws).unwrap();
+//! let batch = Batch { x: &x, cu_seqlens: &[0, 3], out: &mut out };
+//! layer.forward(batch, caches, InitialCaches::Zero, &mut ws, &Serial).unwrap();
 //! assert!(out.iter().all(|v| v.is_finite()));
 //! ```
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
@@ -51,8 +55,6 @@
 pub mod backend;
 pub mod cache;
 pub mod config;
-#[cfg(feature = "defmt")]
-mod defmt_impls;
 pub mod error;
 #[allow(unsafe_code)]
 pub mod exec;
@@ -65,7 +67,7 @@ pub mod math;
 pub mod ops;
 pub mod quant;
 #[allow(unsafe_code)]
-pub mod simd;
+mod simd;
 pub mod weights;
 
 pub use backend::{Cpu, KdaBackend};
@@ -81,6 +83,13 @@ pub use layer::{
 pub use quant::{quantize_layer, quantize_rows, quantized_len, QuantLen};
 pub use simd::Isa;
 pub use weights::{pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef, PANEL_ROWS};
+
+/// Kernel entry points the crate's own criterion benches time. Not a stable API: use
+/// [`KdaLayer`] and [`ops`] instead.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::ops::linear::{project_scratch_len, project_tile, PROJECT_SCRATCH};
+}
 
 /// Re-export of the `half` crate's float types used by [`Data`].
 pub use half::{bf16, f16};

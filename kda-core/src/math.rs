@@ -43,6 +43,12 @@ pub fn rsqrt(x: f32) -> f32 {
     1.0 / sqrtf(x)
 }
 
+/// A bf16 value widened to f32 (exact: bf16 is the top half of an f32).
+#[inline(always)]
+pub(crate) fn bf16_to_f32(v: half::bf16) -> f32 {
+    f32::from_bits((v.to_bits() as u32) << 16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,8 +4,8 @@
 //! (a zero row gets scale 0). The rounding error of each weight is at most half a step,
 //! `scales[o] / 2`, i.e. `max|w[o]| / 254`.
 //!
-//! **Accumulation.** On the f32 paths of the core (every projection of [`crate::forward`] and
-//! [`crate::decode_step`], recurrent or chunked, any [`crate::Isa`]) a row product is
+//! **Accumulation.** On the f32 paths of the core (every projection of [`crate::KdaLayer::forward`] and
+//! [`crate::KdaLayer::decode_step`], recurrent or chunked, any [`crate::Isa`]) a row product is
 //! `scale · Σ x[i]·(q[i] as f32)`: the int8 values widen exactly to f32 and accumulate in f32
 //! with the same eight-lane order as the f32 weights, and the scale is applied once per row.
 //! The activations stay f32, so nothing else is quantised, and on a core with an FPU the
@@ -18,94 +18,13 @@
 //! matrix of a layer at once ([`quantized_len`] sizes the buffers).
 
 use crate::config::KdaConfig;
-use crate::error::{add, check_len, mul, KdaError};
+use crate::error::{add, check_len, mul, rows_of, KdaError};
+#[cfg(test)]
+use crate::ops::linear::dot_i8;
 use crate::weights::{Data, GateWeights, KdaWeights, MatRef};
 
 /// Largest quantised magnitude (symmetric: −128 is never produced).
 pub const I8_MAX: f32 = 127.0;
-
-/// Row length of a well-formed [`Data::I8`] (`None` when malformed). An empty `data` with empty
-/// `scales` is well formed (row length 0).
-#[inline]
-pub(crate) fn i8_row_len(data_len: usize, scales_len: usize) -> Option<usize> {
-    if scales_len == 0 {
-        return (data_len == 0).then_some(0);
-    }
-    (data_len % scales_len == 0).then_some(data_len / scales_len)
-}
-
-/// `Data::slice` for int8: whole rows keep their scales; a run inside one row keeps that row's
-/// scale (and becomes a one-row view). A run across a row boundary that is not whole rows
-/// cannot be expressed and comes back malformed (no caller does that).
-#[inline]
-pub(crate) fn slice_i8<'a>(
-    data: &'a [i8],
-    scales: &'a [f32],
-    start: usize,
-    len: usize,
-) -> Data<'a> {
-    let d = &data[start..start + len];
-    if len == 0 {
-        return Data::I8 {
-            data: d,
-            scales: &[],
-        };
-    }
-    let Some(r) = i8_row_len(data.len(), scales.len()).filter(|&r| r > 0) else {
-        return Data::I8 {
-            data: d,
-            scales: &[],
-        };
-    };
-    let (first, last) = (start / r, (start + len - 1) / r);
-    let scales = if start % r == 0 && len % r == 0 {
-        &scales[first..=last]
-    } else if first == last {
-        &scales[first..first + 1]
-    } else {
-        debug_assert!(false, "int8 slice across a row boundary");
-        &[]
-    };
-    Data::I8 { data: d, scales }
-}
-
-const LANES: usize = 8;
-
-/// `Σ x[i] · q[i]` in f32, eight lanes (the order of `ops::linear::dot_f32`).
-#[inline(always)]
-fn dot_raw(x: &[f32], w: &[i8]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let xc = x.chunks_exact(LANES);
-    let wc = w.chunks_exact(LANES);
-    let (xr, wr) = (xc.remainder(), wc.remainder());
-    for (xs, ws) in xc.zip(wc) {
-        for l in 0..LANES {
-            acc[l] += xs[l] * ws[l] as f32;
-        }
-    }
-    for (l, (a, b)) in xr.iter().zip(wr.iter()).enumerate() {
-        acc[l] += a * *b as f32;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-}
-
-/// `Σ x[i] · w[i]` for an int8 run with per-row scales (normally one row: one scale).
-#[inline]
-pub fn dot_i8(x: &[f32], data: &[i8], scales: &[f32]) -> f32 {
-    match scales.len() {
-        0 => 0.0,
-        1 => scales[0] * dot_raw(x, data),
-        n => {
-            let r = data.len() / n;
-            let mut sum = 0.0f32;
-            for (j, s) in scales.iter().enumerate() {
-                let lo = (j * r).min(x.len());
-                sum += s * dot_raw(&x[lo..], &data[j * r..(j + 1) * r]);
-            }
-            sum
-        }
-    }
-}
 
 /// Quantises `src` (`rows · cols` values in any [`Data`] format, row-major) into `out`
 /// (`rows · cols` int8) and `scales` (`rows`), symmetric per row. Errors on a length mismatch
@@ -129,14 +48,7 @@ pub fn quantize_rows(
             })
         };
     }
-    if src.len() % rows != 0 {
-        return Err(KdaError::Length {
-            arg: "quantize src",
-            expected: src.len() - src.len() % rows,
-            actual: src.len(),
-        });
-    }
-    let cols = src.len() / rows;
+    let cols = rows_of("quantize src", src.len(), rows)?;
     if cols == 0 {
         scales.fill(0.0);
         return Ok(());
@@ -174,6 +86,7 @@ pub fn quantize_rows(
 
 /// Sizes of the buffers [`quantize_layer`] needs: int8 elements and f32 scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct QuantLen {
     /// Int8 elements (every matrix, plus the conv weights when quantised).
     pub weights: usize,

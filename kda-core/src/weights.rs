@@ -39,7 +39,7 @@ impl<'a> Data<'a> {
             Data::Bf16(s) => s.len(),
             Data::F16(s) => s.len(),
             Data::I8 { data, scales } => {
-                crate::quant::i8_row_len(data.len(), scales.len()).map_or(0, |_| data.len())
+                i8_row_len(data.len(), scales.len()).map_or(0, |_| data.len())
             }
         }
     }
@@ -57,7 +57,7 @@ impl<'a> Data<'a> {
             Data::Bf16(s) => s.get(i).map(|v| v.to_f32()),
             Data::F16(s) => s.get(i).map(|v| v.to_f32()),
             Data::I8 { data, scales } => {
-                let r = crate::quant::i8_row_len(data.len(), scales.len())?;
+                let r = i8_row_len(data.len(), scales.len())?;
                 Some(*data.get(i)? as f32 * scales[i / r])
             }
         }
@@ -89,7 +89,7 @@ impl<'a> Data<'a> {
             Data::F32(s) => Data::F32(&s[start..start + len]),
             Data::Bf16(s) => Data::Bf16(&s[start..start + len]),
             Data::F16(s) => Data::F16(&s[start..start + len]),
-            Data::I8 { data, scales } => crate::quant::slice_i8(data, scales, start, len),
+            Data::I8 { data, scales } => slice_i8(data, scales, start, len),
         }
     }
 }
@@ -373,4 +373,49 @@ impl KdaWeights<'_> {
         self.o_proj.check_shape("o_proj.weight", hd, d)?;
         Ok(())
     }
+}
+
+/// Row length of a well-formed [`Data::I8`] (`None` when malformed). An empty `data` with empty
+/// `scales` is well formed (row length 0).
+#[inline]
+pub(crate) fn i8_row_len(data_len: usize, scales_len: usize) -> Option<usize> {
+    if scales_len == 0 {
+        return (data_len == 0).then_some(0);
+    }
+    (data_len % scales_len == 0).then_some(data_len / scales_len)
+}
+
+/// `Data::slice` for int8: whole rows keep their scales; a run inside one row keeps that row's
+/// scale (and becomes a one-row view). A run across a row boundary that is not whole rows
+/// cannot be expressed and comes back malformed (no caller does that).
+#[inline]
+pub(crate) fn slice_i8<'a>(
+    data: &'a [i8],
+    scales: &'a [f32],
+    start: usize,
+    len: usize,
+) -> Data<'a> {
+    let d = &data[start..start + len];
+    if len == 0 {
+        return Data::I8 {
+            data: d,
+            scales: &[],
+        };
+    }
+    let Some(r) = i8_row_len(data.len(), scales.len()).filter(|&r| r > 0) else {
+        return Data::I8 {
+            data: d,
+            scales: &[],
+        };
+    };
+    let (first, last) = (start / r, (start + len - 1) / r);
+    let scales = if start % r == 0 && len % r == 0 {
+        &scales[first..=last]
+    } else if first == last {
+        &scales[first..first + 1]
+    } else {
+        debug_assert!(false, "int8 slice across a row boundary");
+        &[]
+    };
+    Data::I8 { data: d, scales }
 }

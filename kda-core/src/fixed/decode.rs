@@ -5,7 +5,7 @@ use super::approx::{
 };
 use super::{FixedCachesMut, FixedWeights, QGate, QMat, CONV_FRAC, STATE_FRAC, UNIT_FRAC};
 use crate::config::{DecayGate, KdaConfig};
-use crate::error::{add, check_len, mul, KdaError};
+use crate::error::{add, check_len, mul, rows_of, KdaError};
 
 /// i32 elements of workspace [`decode_step_fixed`] needs (any batch: it runs one sequence at a
 /// time): q, k, v, decay, output gate (`H·K` each), beta (`H`), the low-rank bottlenecks, and
@@ -41,14 +41,7 @@ pub fn decode_step_fixed(
         });
     }
     let hd = cfg.hidden;
-    if x.len() % hd != 0 {
-        return Err(KdaError::Length {
-            arg: "x",
-            expected: x.len() - x.len() % hd,
-            actual: x.len(),
-        });
-    }
-    let n = x.len() / hd;
+    let n = rows_of("x", x.len(), hd)?;
     check_len("out", out.len(), x.len())?;
     caches.validate(cfg, n)?;
     let need = fixed_workspace_len(cfg)?;

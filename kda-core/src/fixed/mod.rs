@@ -1,7 +1,7 @@
 //! Integer-only decode path for cores without an FPU (Cortex-M0/M3, RISC-V without F).
 //!
 //! [`decode_step_fixed`] runs the whole layer for one token per sequence, exactly like
-//! [`crate::decode_step`], with int8 weights ([`crate::Data::I8`], one scale per row), fixed-point
+//! [`crate::KdaLayer::decode_step`], with int8 weights ([`crate::Data::I8`], one scale per row), fixed-point
 //! activations and state, and the integer approximations of [`approx`]. No float operation is
 //! executed: the f32 row scales and small parameters are turned into integers once, by
 //! [`prepare`], into a caller buffer ([`params_len`]). Results are bitwise reproducible on any

@@ -35,7 +35,7 @@ mod task;
 
 use crate::cache::CachesMut;
 use crate::config::KdaConfig;
-use crate::error::{check_len, KdaError};
+use crate::error::{check_len, rows_of, KdaError};
 use crate::exec::{Executor, FirstError, Shared};
 use crate::ops::chunked::MAX_CHUNK;
 use crate::simd::Isa;
@@ -210,18 +210,6 @@ pub fn validate_offsets(cu_seqlens: &[usize], tokens: usize) -> Result<usize, Kd
         return bad("must end at the number of tokens (rows of x)");
     }
     Ok(cu_seqlens.len() - 1)
-}
-
-/// Rows of `width` in a slice of `len`, or a [`KdaError::Length`] naming `arg`.
-fn rows_of(arg: &'static str, len: usize, width: usize) -> Result<usize, KdaError> {
-    if len % width != 0 {
-        return Err(KdaError::Length {
-            arg,
-            expected: len - len % width,
-            actual: len,
-        });
-    }
-    Ok(len / width)
 }
 
 /// The tokens of one forward call: `N` packed sequences and where their outputs go.
@@ -445,7 +433,7 @@ impl KdaLayer<'_> {
             gate: &gate,
             low_rank: &low_rank,
         };
-        round.from_input(x, &outputs, exec)?;
+        round.input_projections(x, &outputs, exec)?;
         if rf + rg > 0 {
             // SAFETY: round 1 has finished; nothing else refers to the bottleneck rows now.
             let low = unsafe { low_rank.slice("bottleneck", 0, b * (rf + rg))? };

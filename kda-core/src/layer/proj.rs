@@ -214,7 +214,7 @@ pub(super) struct ProjOutputs<'a> {
 
 impl<'r, 'w> Round<'r, 'w> {
     /// Round 1: every projection from the block's input rows `x` (`[B, hidden]`).
-    pub(super) fn from_input(
+    pub(super) fn input_projections(
         &self,
         x: &[f32],
         out: &ProjOutputs<'_>,

@@ -22,7 +22,8 @@
 //!
 //! Gates must be ≤ 0 (both gate forms guarantee it); NaN propagates.
 
-use crate::error::{check_len, KdaError};
+use super::{head_dims, HeadDims};
+use crate::error::KdaError;
 use crate::simd::{self, Isa};
 
 /// Rows of the diagonal blocks of `A`.
@@ -148,28 +149,10 @@ pub fn chunked_head(
             reason: "must be between 1 and 256",
         });
     }
+    let HeadDims { k: kd, v: vd, .. } = head_dims(q, k, v_o, g, beta, state)?;
     if t_len == 0 {
         return Ok(());
     }
-    if q.len() % t_len != 0 || q.is_empty() {
-        return Err(KdaError::Length {
-            arg: "q",
-            expected: t_len * (q.len() / t_len).max(1),
-            actual: q.len(),
-        });
-    }
-    let kd = q.len() / t_len;
-    check_len("k", k.len(), q.len())?;
-    check_len("g", g.len(), q.len())?;
-    if v_o.len() % t_len != 0 || v_o.is_empty() {
-        return Err(KdaError::Length {
-            arg: "v",
-            expected: t_len * (v_o.len() / t_len).max(1),
-            actual: v_o.len(),
-        });
-    }
-    let vd = v_o.len() / t_len;
-    check_len("state", state.len(), kd * vd)?;
     let need = chunked_scratch_len(chunk, kd, vd);
     if scratch.len() < need {
         return Err(KdaError::TooSmall {

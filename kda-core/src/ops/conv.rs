@@ -7,7 +7,7 @@
 //! channel's last `W−1` raw (pre-conv) inputs **oldest first**; zeros stand for history before
 //! the sequence started. (fla keeps `W` slots, the oldest never read; vLLM keeps `W−1` as here.)
 
-use crate::error::{check_len, KdaError};
+use crate::error::{check_len, rows_of, KdaError};
 use crate::math::silu;
 use crate::weights::Data;
 
@@ -23,23 +23,16 @@ fn check(
             reason: "must be at least 1",
         });
     }
-    if weight.len() % d != 0 || weight.is_empty() {
+    let w = rows_of("conv weight", weight.len(), d)?;
+    if w == 0 {
         return Err(KdaError::Length {
             arg: "conv weight",
-            expected: d * (weight.len() / d).max(1),
-            actual: weight.len(),
+            expected: d,
+            actual: 0,
         });
     }
-    let w = weight.len() / d;
     check_len("conv state", state.len(), d * (w - 1))?;
-    if x_len % d != 0 {
-        return Err(KdaError::Length {
-            arg: "conv x",
-            expected: x_len - x_len % d,
-            actual: x_len,
-        });
-    }
-    Ok((w, x_len / d))
+    Ok((w, rows_of("conv x", x_len, d)?))
 }
 
 /// Channels per block of the blocked prefill conv: one 64-byte line of a row.

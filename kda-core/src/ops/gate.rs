@@ -1,7 +1,7 @@
 //! The decay gate (spec §3.4) and the beta sigmoid (§3.3).
 
 use crate::config::DecayGate;
-use crate::error::{check_len, KdaError};
+use crate::error::{check_len, rows_of, KdaError};
 use crate::math::{exp, sigmoid, softplus};
 use crate::weights::Data;
 
@@ -22,13 +22,13 @@ pub fn decay_gate(
     let d = heads
         .checked_mul(head_dim)
         .ok_or(KdaError::Overflow { what: "decay gate" })?;
-    if d == 0 || raw.len() % d != 0 {
-        return Err(KdaError::Length {
-            arg: "decay gate raw",
-            expected: raw.len() - raw.len() % d.max(1),
-            actual: raw.len(),
+    if d == 0 {
+        return Err(KdaError::Config {
+            field: "heads * head_dim",
+            reason: "must be at least 1",
         });
     }
+    rows_of("decay gate raw", raw.len(), d)?;
     if let Some(a) = &a_log {
         check_len("A_log", a.len(), heads)?;
     }

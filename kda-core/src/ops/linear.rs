@@ -7,7 +7,7 @@
 
 use half::{bf16, f16};
 
-use crate::error::{check_len, KdaError};
+use crate::error::{check_len, rows_of, KdaError};
 use crate::simd::{self, Isa, DIRECT, PANEL};
 use crate::weights::{Data, MatRef};
 
@@ -42,15 +42,10 @@ pub fn dot_f32(x: &[f32], w: &[f32]) -> f32 {
     dot_with(x, w, |v| v)
 }
 
-#[inline(always)]
-fn bf16_to_f32(v: bf16) -> f32 {
-    f32::from_bits((v.to_bits() as u32) << 16)
-}
-
 /// `Σ x[i]·w[i]` with bf16 `w` widened exactly to f32.
 #[inline]
 pub fn dot_bf16(x: &[f32], w: &[bf16]) -> f32 {
-    dot_with(x, w, bf16_to_f32)
+    dot_with(x, w, crate::math::bf16_to_f32)
 }
 
 /// `Σ x[i]·w[i]` with f16 `w` widened exactly to f32.
@@ -66,9 +61,35 @@ pub fn dot(x: &[f32], w: Data<'_>) -> f32 {
         Data::F32(w) => dot_f32(x, w),
         Data::Bf16(w) => dot_bf16(x, w),
         Data::F16(w) => dot_f16(x, w),
-        Data::I8 { data, scales } => crate::quant::dot_i8(x, data, scales),
+        Data::I8 { data, scales } => dot_i8(x, data, scales),
     }
 }
+
+/// `Σ x[i] · w[i]` for an int8 run with per-row scales (normally one row: one scale).
+#[inline]
+pub fn dot_i8(x: &[f32], data: &[i8], scales: &[f32]) -> f32 {
+    let raw = |x: &[f32], w: &[i8]| dot_with(x, w, |v| v as f32);
+    match scales.len() {
+        0 => 0.0,
+        1 => scales[0] * raw(x, data),
+        n => {
+            let r = data.len() / n;
+            let mut sum = 0.0f32;
+            for (j, s) in scales.iter().enumerate() {
+                let lo = (j * r).min(x.len());
+                sum += s * raw(&x[lo..], &data[j * r..(j + 1) * r]);
+            }
+            sum
+        }
+    }
+}
+
+/// Receives outputs `o..o + vals.len()` of token `t` as `store(t, o, vals)`.
+pub type Store<'s> = dyn FnMut(usize, usize, &[f32]) -> Result<(), KdaError> + 's;
+/// Receives the outputs of one tile's rows for token `t` as `put(t, vals)`.
+type Put<'s> = dyn FnMut(usize, &[f32]) -> Result<(), KdaError> + 's;
+/// Runs on a group of token rows starting at token `t0` as `f(t0, rows)`.
+type TokenGroup<'s, 'x> = dyn FnMut(usize, &[&'x [f32]]) -> Result<(), KdaError> + 's;
 
 /// Reduction steps per packed panel: 16 rows × 256 in f32 is 16 KB, half of a typical L1.
 const KC: usize = 256;
@@ -102,7 +123,7 @@ pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
 /// streams through (a BLIS-style GEMM); otherwise rows go 32 at a time straight from the
 /// weights, transposed in registers. Panel-layout weights skip the packing and the
 /// transposes. Every path computes each output as one in-order chain over the reduction
-/// (see [`simd::panel_fma`]), so every value is bitwise the same for any `o0..o1` split, any
+/// (see `simd::panel_fma`), so every value is bitwise the same for any `o0..o1` split, any
 /// `tokens`, and any scratch size: decode and prefill, and any thread count, agree exactly.
 /// A row too short for the matrix (an internal bug) is an [`KdaError::Internal`] error.
 #[allow(clippy::too_many_arguments)]
@@ -114,7 +135,7 @@ pub fn project_tile<'x>(
     o0: usize,
     o1: usize,
     scratch: &mut [f32],
-    store: &mut dyn FnMut(usize, usize, &[f32]) -> Result<(), KdaError>,
+    store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
     if !matches!(w.data(), Data::F32(_) | Data::Bf16(_)) {
         for o in o0..o1 {
@@ -133,7 +154,7 @@ pub fn project_tile<'x>(
     let mut o = o0;
     while o < o1 {
         let mr = (o1 - o).min(group);
-        let set = rows_of(w, o, mr).ok_or(KdaError::Internal {
+        let set = weight_rows(w, o, mr).ok_or(KdaError::Internal {
             what: "projection rows",
         })?;
         let ws = set.prefix(mr);
@@ -184,7 +205,7 @@ fn project_panels<'x>(
     o1: usize,
     pack: bool,
     scratch: &mut [f32],
-    store: &mut dyn FnMut(usize, usize, &[f32]) -> Result<(), KdaError>,
+    store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
     let n = w.cols();
     // Rows `lo..hi` of panel `p` that fall in `o0..o1`, as offsets within the panel.
@@ -257,7 +278,7 @@ fn direct<'x>(
     n: usize,
     ws: simd::Rows<'_, '_>,
     mr: usize,
-    put: &mut dyn FnMut(usize, &[f32]) -> Result<(), KdaError>,
+    put: &mut Put<'_>,
 ) -> Result<(), KdaError> {
     let mut acc = [0.0f32; DIRECT * DIRECT_MAX];
     token_groups(row, tokens, &mut |t0, xs| {
@@ -275,7 +296,7 @@ fn direct<'x>(
 fn token_groups<'x>(
     row: &dyn Fn(usize) -> &'x [f32],
     tokens: usize,
-    f: &mut dyn FnMut(usize, &[&'x [f32]]) -> Result<(), KdaError>,
+    f: &mut TokenGroup<'_, 'x>,
 ) -> Result<(), KdaError> {
     let mut t0 = 0;
     while t0 < tokens {
@@ -299,7 +320,7 @@ fn packed<'x>(
     mr: usize,
     scratch: &mut [f32],
     fetch: &dyn Fn(usize, usize),
-    put: &mut dyn FnMut(usize, &[f32]) -> Result<(), KdaError>,
+    put: &mut Put<'_>,
 ) -> Result<(), KdaError> {
     let avail = scratch.len() / PANEL;
     // With room for the whole reduction, the tile's rows are packed once, read start to end
@@ -378,7 +399,7 @@ impl<'w> RowSet<'w> {
 }
 
 /// Rows `o..o+mr` of `w` (`1 ≤ mr ≤ 32`).
-fn rows_of<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
+fn weight_rows<'w>(w: &MatRef<'w>, o: usize, mr: usize) -> Option<RowSet<'w>> {
     let pick = |j: usize| o + j.min(mr.max(1) - 1);
     match w.data() {
         Data::F32(_) => {
@@ -415,24 +436,13 @@ pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Resu
     let (n_out, n_in) = (w.rows(), w.cols());
     if n_in == 0 {
         // A zero-width input gives all-zero outputs; only `out` must be a whole number of rows.
-        if n_out != 0 && out.len() % n_out != 0 {
-            return Err(KdaError::Length {
-                arg: "linear out",
-                expected: out.len() - out.len() % n_out,
-                actual: out.len(),
-            });
+        if n_out != 0 {
+            rows_of("linear out", out.len(), n_out)?;
         }
         out.fill(0.0);
         return Ok(());
     }
-    if x.len() % n_in != 0 {
-        return Err(KdaError::Length {
-            arg: "linear x",
-            expected: x.len() - x.len() % n_in,
-            actual: x.len(),
-        });
-    }
-    let rows = x.len() / n_in;
+    let rows = rows_of("linear x", x.len(), n_in)?;
     check_len("linear out", out.len(), rows * n_out)?;
     let row = |t: usize| &x[t * n_in..(t + 1) * n_in];
     let mut scratch = [0.0f32; PANEL * 64];

@@ -1,18 +1,19 @@
 //! The q/k L2 norm (spec §3.1) and the sigmoid-gated RMSNorm on the output (§8).
 
-use crate::error::{check_len, KdaError};
+use crate::error::{check_len, rows_of, KdaError};
 use crate::math::{rsqrt, sigmoid};
 use crate::weights::Data;
 
+/// Rows of `dim` in `len` (`dim` must be at least 1).
 fn rows(len: usize, dim: usize, arg: &'static str) -> Result<usize, KdaError> {
-    if dim == 0 || len % dim != 0 {
+    if dim == 0 {
         return Err(KdaError::Length {
             arg,
-            expected: len - len % dim.max(1),
+            expected: 0,
             actual: len,
         });
     }
-    Ok(len / dim)
+    rows_of(arg, len, dim)
 }
 
 #[inline]

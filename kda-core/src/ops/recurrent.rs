@@ -11,6 +11,7 @@
 //!
 //! NaN or ±∞ anywhere in the inputs propagate into the state and output; nothing panics.
 
+use super::{head_dims, HeadDims};
 use crate::error::{check_len, KdaError};
 use crate::math::exp;
 use crate::simd::{self, Isa};
@@ -40,7 +41,7 @@ pub fn delta_rule_step(
     Ok(())
 }
 
-/// [`delta_rule_step`] after validation (all lengths consistent).
+/// [`delta_rule_step`] after validation (all lengths consistent), on the portable path.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn step_unchecked(
@@ -53,32 +54,15 @@ pub(crate) fn step_unchecked(
     scale: f32,
     out: &mut [f32],
 ) {
-    let vd = v.len();
-    if vd == 0 {
-        return;
-    }
-    // Pass 1: decay each key row and accumulate the prediction p = Σ_d k_d S_d into `out`.
-    out.fill(0.0);
-    for ((row, &kd), &gd) in state.chunks_exact_mut(vd).zip(k).zip(g) {
-        let a = exp(gd);
-        for (s, p) in row.iter_mut().zip(out.iter_mut()) {
-            *s *= a;
-            *p += kd * *s;
-        }
-    }
-    // δ = β (v − p), kept in v.
-    for (x, p) in v.iter_mut().zip(out.iter()) {
-        *x = beta * (*x - *p);
-    }
-    // Pass 2: write S_d += k_d δ and read o = Σ_d (scale q_d) S_d.
-    out.fill(0.0);
-    for ((row, &kd), &qd) in state.chunks_exact_mut(vd).zip(k).zip(q) {
-        let qs = qd * scale;
-        for ((s, d), o) in row.iter_mut().zip(v.iter()).zip(out.iter_mut()) {
-            *s += kd * *d;
-            *o += qs * *s;
-        }
-    }
+    let token = Token { q, k, beta, scale };
+    fused_step(
+        Isa::Portable,
+        state,
+        &token,
+        g.iter().map(|&x| exp(x)),
+        v,
+        out,
+    );
 }
 
 /// f32 elements of scratch [`recurrent_head`] needs for key dim `k` and value dim `v`.
@@ -101,17 +85,14 @@ pub fn recurrent_head(
     state: &mut [f32],
     scratch: &mut [f32],
 ) -> Result<(), KdaError> {
-    let t_len = beta.len();
+    let HeadDims {
+        t: t_len,
+        k: kd,
+        v: vd,
+    } = head_dims(q, k, v_o, g, beta, state)?;
     if t_len == 0 {
         return Ok(());
     }
-    let kd = q.len() / t_len;
-    let vd = v_o.len() / t_len;
-    check_len("q", q.len(), t_len * kd)?;
-    check_len("k", k.len(), q.len())?;
-    check_len("g", g.len(), q.len())?;
-    check_len("v", v_o.len(), t_len * vd)?;
-    check_len("state", state.len(), kd * vd)?;
     if scratch.len() < kd + vd {
         return Err(KdaError::TooSmall {
             arg: "recurrent scratch",
@@ -126,35 +107,35 @@ pub fn recurrent_head(
         decay.copy_from_slice(&g[row.clone()]);
         simd::exp_in_place(isa, decay);
         let vrow = &mut v_o[t * vd..(t + 1) * vd];
-        fused_step(
-            isa,
-            state,
-            &q[row.clone()],
-            &k[row],
-            vrow,
-            decay,
-            beta[t],
+        let token = Token {
+            q: &q[row.clone()],
+            k: &k[row],
+            beta: beta[t],
             scale,
-            out,
-        );
+        };
+        fused_step(isa, state, &token, decay.iter().copied(), vrow, out);
         vrow.copy_from_slice(out);
     }
     Ok(())
 }
 
-/// One token with precomputed decay factors `e^{g}`: two passes over the state, each row
-/// loaded and stored once per pass. `v` becomes δ; `out` receives `o`.
-#[allow(clippy::too_many_arguments)]
+/// One token's read-only inputs for one head.
+struct Token<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    beta: f32,
+    scale: f32,
+}
+
+/// One token given the decay factors `e^{g}` of each key row: two passes over the state, each
+/// row loaded and stored once per pass. `v` becomes δ; `out` receives `o`.
 #[inline]
 fn fused_step(
     isa: Isa,
     state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
+    t: &Token<'_>,
+    decay: impl Iterator<Item = f32>,
     v: &mut [f32],
-    decay: &[f32],
-    beta: f32,
-    scale: f32,
     out: &mut [f32],
 ) {
     let vd = v.len();
@@ -162,15 +143,15 @@ fn fused_step(
         return;
     }
     out.fill(0.0);
-    for ((row, &kd), &a) in state.chunks_exact_mut(vd).zip(k).zip(decay) {
+    for ((row, &kd), a) in state.chunks_exact_mut(vd).zip(t.k).zip(decay) {
         simd::decay_predict(isa, row, a, kd, out);
     }
     for (x, p) in v.iter_mut().zip(out.iter()) {
-        *x = beta * (*x - *p);
+        *x = t.beta * (*x - *p);
     }
     out.fill(0.0);
-    for ((row, &kd), &qd) in state.chunks_exact_mut(vd).zip(k).zip(q) {
-        simd::write_read(isa, row, kd, v, qd * scale, out);
+    for ((row, &kd), &qd) in state.chunks_exact_mut(vd).zip(t.k).zip(t.q) {
+        simd::write_read(isa, row, kd, v, qd * t.scale, out);
     }
 }
 

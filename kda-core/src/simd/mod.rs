@@ -24,6 +24,8 @@ use crate::error::KdaError;
 
 /// An instruction-set path for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum Isa {
     /// Portable Rust (auto-vectorised for the compile target).
     Portable,
@@ -92,7 +94,7 @@ macro_rules! dispatch {
 
 /// Outputs per packed panel ([`pack_panel`], [`panel_fma`]): the panel's width and the
 /// accumulator row stride.
-pub const PANEL: usize = 16;
+pub const PANEL: usize = crate::weights::PANEL_ROWS;
 
 /// Most weight rows per [`rows_fma`] call, and its accumulator row stride.
 pub const DIRECT: usize = 32;

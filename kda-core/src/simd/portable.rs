@@ -5,10 +5,7 @@ use half::bf16;
 
 use super::{DIRECT, PANEL};
 
-#[inline(always)]
-pub(crate) fn bf16_to_f32(v: bf16) -> f32 {
-    f32::from_bits((v.to_bits() as u32) << 16)
-}
+pub(crate) use crate::math::bf16_to_f32;
 
 pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
