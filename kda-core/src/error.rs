@@ -111,13 +111,14 @@ pub(crate) fn check_len(arg: &'static str, actual: usize, expected: usize) -> Re
     }
 }
 
-/// Checked `a * b`, naming what is being sized on overflow.
-pub(crate) fn mul(what: &'static str, a: usize, b: usize) -> Result<usize, KdaError> {
+/// Checked `a * b`, naming what is being sized on overflow (the size arithmetic of every sizing
+/// function; also used by other backends' sizing).
+pub fn mul(what: &'static str, a: usize, b: usize) -> Result<usize, KdaError> {
     a.checked_mul(b).ok_or(KdaError::Overflow { what })
 }
 
 /// Checked `a + b`, naming what is being sized on overflow.
-pub(crate) fn add(what: &'static str, a: usize, b: usize) -> Result<usize, KdaError> {
+pub fn add(what: &'static str, a: usize, b: usize) -> Result<usize, KdaError> {
     a.checked_add(b).ok_or(KdaError::Overflow { what })
 }
 

@@ -54,14 +54,14 @@ pub fn to_i32(what: &str, v: usize) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| unsupported(format!("{what} = {v} does not fit in i32")))
 }
 
+/// The core's checked size arithmetic, with its error converted.
 fn mul(what: &'static str, a: usize, b: usize) -> Result<usize, CudaError> {
-    a.checked_mul(b)
-        .ok_or(CudaError::Core(KdaError::Overflow { what }))
+    Ok(kda_core::error::mul(what, a, b)?)
 }
 
+/// The core's checked size arithmetic, with its error converted.
 fn add(what: &'static str, a: usize, b: usize) -> Result<usize, CudaError> {
-    a.checked_add(b)
-        .ok_or(CudaError::Core(KdaError::Overflow { what }))
+    Ok(kda_core::error::add(what, a, b)?)
 }
 
 /// The layer's widths and the column layout of the fused input projection.

@@ -42,7 +42,7 @@ use crate::simd::Isa;
 use crate::weights::KdaWeights;
 
 use plan::{Block, BlockSize, Blocks, Sequences};
-use proj::{ProjOutputs, Round};
+use proj::{BlockViews, Round};
 use task::{HeadBuffers, SeqHead};
 
 /// Where a forward call's caches start from.
@@ -424,7 +424,7 @@ impl KdaLayer<'_> {
             scratch: &bufs.scratch,
             worker_len: call.size.worker_len,
         };
-        let outputs = ProjOutputs {
+        let views = BlockViews {
             q: &q,
             k: &k,
             v: &v,
@@ -433,19 +433,14 @@ impl KdaLayer<'_> {
             gate: &gate,
             low_rank: &low_rank,
         };
-        round.input_projections(x, &outputs, exec)?;
+        round.input_projections(x, &views, exec)?;
         if rf + rg > 0 {
             // SAFETY: round 1 has finished; nothing else refers to the bottleneck rows now.
             let low = unsafe { low_rank.slice("bottleneck", 0, b * (rf + rg))? };
-            round.low_rank_up(low, &outputs, exec)?;
+            round.low_rank_up(low, &views, exec)?;
         }
         let heads = HeadBuffers {
-            q: &q,
-            k: &k,
-            v: &v,
-            decay: &decay,
-            beta: &beta,
-            gate: &gate,
+            block: &views,
             states: &caches.states,
             conv: [&caches.conv[0], &caches.conv[1], &caches.conv[2]],
             scratch: &bufs.scratch,

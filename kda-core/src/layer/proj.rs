@@ -201,8 +201,9 @@ fn store(
     Ok(())
 }
 
-/// The block's buffers the projections write, shared by the round's tasks.
-pub(super) struct ProjOutputs<'a> {
+/// The block's intermediates, shared by the tasks of every round: each task writes or reads
+/// only its own rows or columns.
+pub(super) struct BlockViews<'a> {
     pub(super) q: &'a Shared<'a>,
     pub(super) k: &'a Shared<'a>,
     pub(super) v: &'a Shared<'a>,
@@ -217,7 +218,7 @@ impl<'r, 'w> Round<'r, 'w> {
     pub(super) fn input_projections(
         &self,
         x: &[f32],
-        out: &ProjOutputs<'_>,
+        out: &BlockViews<'_>,
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
         let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
@@ -267,7 +268,7 @@ impl<'r, 'w> Round<'r, 'w> {
     pub(super) fn low_rank_up(
         &self,
         low: &[f32],
-        out: &ProjOutputs<'_>,
+        out: &BlockViews<'_>,
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
         let (cfg, w) = (&self.layer.cfg, &self.layer.weights);

@@ -9,19 +9,15 @@ use crate::ops::norm::{gated_rms_norm_row_into_gate, l2_norm};
 use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
 use crate::weights::Data;
 
+use super::proj::BlockViews;
 use super::KdaLayer;
 
 /// The block's buffers and the caches, shared by the round's tasks. Each task touches only its
 /// own head's rows of its own sequence, and its worker's scratch.
 pub(super) struct HeadBuffers<'a> {
-    /// `[H, B, K]` head-major q, k, v, decay; `[H, B]` beta; `[B, H·K]` output gate, which
-    /// receives the normed rows.
-    pub(super) q: &'a Shared<'a>,
-    pub(super) k: &'a Shared<'a>,
-    pub(super) v: &'a Shared<'a>,
-    pub(super) decay: &'a Shared<'a>,
-    pub(super) beta: &'a Shared<'a>,
-    pub(super) gate: &'a Shared<'a>,
+    /// q, k, v, decay and beta (head-major) and the output gate, which receives the normed
+    /// rows.
+    pub(super) block: &'a BlockViews<'a>,
     /// `[N, H, K, V]` recurrent states and `[N, H·K, W−1]` q, k, v conv states.
     pub(super) states: &'a Shared<'a>,
     pub(super) conv: [&'a Shared<'a>; 3],
@@ -80,11 +76,12 @@ impl<'a> HeadBuffers<'a> {
         // its worker index, which no concurrently running task shares (the caller's contract).
         unsafe {
             Ok(Views {
-                q: self.q.slice("q rows", rows, n)?,
-                k: self.k.slice("k rows", rows, n)?,
-                v: self.v.slice("v rows", rows, n)?,
-                decay: self.decay.slice("decay rows", rows, n)?,
+                q: self.block.q.slice("q rows", rows, n)?,
+                k: self.block.k.slice("k rows", rows, n)?,
+                v: self.block.v.slice("v rows", rows, n)?,
+                decay: self.block.decay.slice("decay rows", rows, n)?,
                 beta: self
+                    .block
                     .beta
                     .slice("beta", job.head * self.tokens + job.row, job.len)?,
                 state: self.states.slice("recurrent state", state, k * k)?,
@@ -165,7 +162,8 @@ impl<'a> HeadBuffers<'a> {
             // SAFETY: row `job.row + t` of this head's columns in the token-major gate buffer
             // belongs to this task alone.
             let gate = unsafe {
-                self.gate
+                self.block
+                    .gate
                     .slice("gate row", (job.row + t) * d + job.head * hk, hk)?
             };
             gated_rms_norm_row_into_gate(row, gate, layer.weights.o_norm, cfg.rms_eps);

@@ -183,6 +183,12 @@ pub fn chunked_head(
     Ok(())
 }
 
+/// The 16-row diagonal blocks `(a0, a1)` of a chunk of `l` rows.
+#[inline(always)]
+fn sub_blocks(l: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..l).step_by(SUB).map(move |a0| (a0, (a0 + SUB).min(l)))
+}
+
 /// `(b_i − b_j)[d]` from the compensated cumulative sums.
 #[inline(always)]
 fn diff(bh: &[f32], bl: &[f32], i: usize, j: usize, d: usize, kd: usize) -> f32 {
@@ -343,12 +349,9 @@ fn intra_chunk_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Re
     let l = inp.beta.len();
     sc.a_qk[..l * l].fill(0.0);
     sc.neg_a_kk[..l * l].fill(0.0);
-    let mut a0 = 0;
-    while a0 < l {
-        let a1 = (a0 + SUB).min(l);
+    for (a0, a1) in sub_blocks(l) {
         block_products(isa, inp, sc, a0, a1)?;
         scale_and_mask(inp, sc, a0, a1);
-        a0 = a1;
     }
     Ok(())
 }
@@ -428,20 +431,35 @@ fn block_products(
         )?;
     }
     if !factorised {
-        for i in a0..a1 {
-            for j in a0..=i {
-                let (mut sq, mut sk) = (0.0f32, 0.0f32);
-                for d in 0..kd {
-                    let e = libm::expf(diff(bh, bl, i, j, d, kd));
-                    sq += q[i * kd + d] * k[j * kd + d] * e;
-                    sk += k[i * kd + d] * k[j * kd + d] * e;
-                }
-                aqk[i * l + j] = sq;
-                nakk[i * l + j] = sk;
-            }
-        }
+        diagonal_per_pair(inp, (bh, bl), aqk, nakk, a0, a1);
     }
     Ok(())
+}
+
+/// The diagonal block `a0..a1` of `A_qk` and `A_kk` with one exponent per pair (each ≤ 0):
+/// the fallback when the block's decay spread is too wide to factorise.
+#[inline(always)]
+fn diagonal_per_pair(
+    inp: &ChunkIn<'_>,
+    (bh, bl): (&[f32], &[f32]),
+    aqk: &mut [f32],
+    nakk: &mut [f32],
+    a0: usize,
+    a1: usize,
+) {
+    let (q, k, kd, l) = (inp.q, inp.k, inp.kd, inp.beta.len());
+    for i in a0..a1 {
+        for j in a0..=i {
+            let (mut sq, mut sk) = (0.0f32, 0.0f32);
+            for d in 0..kd {
+                let e = libm::expf(diff(bh, bl, i, j, d, kd));
+                sq += q[i * kd + d] * k[j * kd + d] * e;
+                sk += k[i * kd + d] * k[j * kd + d] * e;
+            }
+            aqk[i * l + j] = sq;
+            nakk[i * l + j] = sk;
+        }
+    }
 }
 
 /// Rows `a0..a1`: `A_qk` scaled and cut to `j ≤ i`; `A_kk` times `−β_i` and cut to `j < i`.
@@ -494,9 +512,7 @@ fn innovations(
             *x = b * (v - *x);
         }
     }
-    let mut a0 = 0;
-    while a0 < l {
-        let a1 = (a0 + SUB).min(l);
+    for (a0, a1) in sub_blocks(l) {
         if a0 > 0 {
             let (done, cur) = r.split_at_mut(a0 * vd);
             simd::gemm_acc(isa, a1 - a0, vd, a0, &nakk[a0 * l..], l, done, vd, cur, vd)?;
@@ -508,7 +524,6 @@ fn innovations(
                 simd::axpy(isa, nakk[i * l + j], &done[j * vd..(j + 1) * vd], cur);
             }
         }
-        a0 = a1;
     }
     Ok(())
 }
@@ -541,9 +556,7 @@ fn chunk_outputs(
         vd,
     )?;
     let finite = all_finite(delta);
-    let mut a0 = 0;
-    while a0 < l {
-        let a1 = (a0 + SUB).min(l);
+    for (a0, a1) in sub_blocks(l) {
         let cols = if finite { a1 } else { a0 };
         simd::gemm_acc(
             isa,
@@ -565,7 +578,6 @@ fn chunk_outputs(
                 }
             }
         }
-        a0 = a1;
     }
     Ok(())
 }
