@@ -756,6 +756,63 @@ mod tests {
         }
     }
 
+    /// A NaN in any input of token 3 of 17 leaves the outputs of tokens 0–2 finite and equal
+    /// to the recurrence's, and poisons tokens 3–16 in both forms.
+    #[test]
+    fn nan_reaches_no_earlier_token() {
+        let (t, kd) = (17usize, 16usize);
+        for isa in Isa::all_supported() {
+            for input in 0..5 {
+                let mut c = case(t, kd, kd, 0, 11);
+                let bad = 3;
+                match input {
+                    0 => c.q[bad * kd + 2] = f32::NAN,
+                    1 => c.k[bad * kd + 5] = f32::NAN,
+                    2 => c.v[bad * kd] = f32::NAN,
+                    3 => c.g[bad * kd + 1] = f32::NAN,
+                    _ => c.beta[bad] = f32::NAN,
+                }
+                let scale = 1.0 / (kd as f32).sqrt();
+                let (mut vr, mut sr) = (c.v.clone(), c.s0.clone());
+                let mut scr = std::vec![0.0; recurrent_scratch_len(kd, kd)];
+                recurrent_head(
+                    Isa::Portable,
+                    &c.q,
+                    &c.k,
+                    &mut vr,
+                    &c.g,
+                    &c.beta,
+                    scale,
+                    &mut sr,
+                    &mut scr,
+                )
+                .unwrap();
+                for chunk in [4usize, 16, 64] {
+                    let (mut vc, mut sc) = (c.v.clone(), c.s0.clone());
+                    let mut scr = std::vec![0.0; chunked_scratch_len(chunk, kd, kd)];
+                    chunked_head(
+                        isa, &c.q, &c.k, &mut vc, &c.g, &c.beta, scale, &mut sc, chunk, chunk,
+                        &mut scr,
+                    )
+                    .unwrap();
+                    let early = ..bad * kd;
+                    assert!(vc[early].iter().all(|x| x.is_finite()), "{isa:?} in{input} C{chunk}");
+                    let e = rel(&vc[early], &vr[early]);
+                    assert!(e <= 1e-5, "{isa:?} input {input} C{chunk}: {e:.2e}");
+                    // The bad token's output row has a NaN in both forms (its whole row unless
+                    // only q was bad, which reaches its own output alone).
+                    let row = bad * kd..(bad + 1) * kd;
+                    assert!(vr[row.clone()].iter().any(|x| x.is_nan()), "recurrent in{input}");
+                    assert!(vc[row].iter().any(|x| x.is_nan()), "{isa:?} in{input} C{chunk}");
+                    let later = (bad + 1) * kd..;
+                    let nan_r = vr[later.clone()].iter().filter(|x| x.is_nan()).count();
+                    let nan_c = vc[later].iter().filter(|x| x.is_nan()).count();
+                    assert_eq!(nan_c, nan_r, "{isa:?} in{input} C{chunk}: NaNs after the bad token");
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_arguments_are_errors() {
         let c = case(4, 8, 8, 0, 1);
