@@ -31,7 +31,10 @@
 
 mod plan;
 mod proj;
+mod snapshot;
 mod task;
+
+pub use snapshot::{snapshot_count, snapshot_positions, SnapshotPos, Snapshots};
 
 use crate::cache::CachesMut;
 use crate::config::KdaConfig;
@@ -310,6 +313,35 @@ impl<'w> KdaLayer<'w> {
     pub fn forward(
         &self,
         batch: Batch<'_>,
+        caches: CachesMut<'_>,
+        init: InitialCaches,
+        workspace: &mut [f32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        self.forward_inner(batch, None, caches, init, workspace, exec)
+    }
+
+    /// [`Self::forward`] that also writes the caches of each sequence after the tokens listed
+    /// in `snapshots` (see [`Snapshots`], [`snapshot_positions`]). Each snapshot is bitwise
+    /// the final caches of a run over exactly that prefix; the chunked grid restarts at each
+    /// snapshot position, so with positions on the chunk grid (multiples of the chunk size)
+    /// the outputs and final caches are bitwise those of [`Self::forward`].
+    pub fn forward_with_snapshots(
+        &self,
+        batch: Batch<'_>,
+        snapshots: Snapshots<'_>,
+        caches: CachesMut<'_>,
+        init: InitialCaches,
+        workspace: &mut [f32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        self.forward_inner(batch, Some(snapshots), caches, init, workspace, exec)
+    }
+
+    fn forward_inner(
+        &self,
+        batch: Batch<'_>,
+        snapshots: Option<Snapshots<'_>>,
         mut caches: CachesMut<'_>,
         init: InitialCaches,
         workspace: &mut [f32],
@@ -321,13 +353,23 @@ impl<'w> KdaLayer<'w> {
         let n = validate_offsets(cu_seqlens, tokens)?;
         caches.validate(&self.cfg, n)?;
         let seqs = Sequences::Offsets(cu_seqlens);
+        if let Some(s) = &snapshots {
+            snapshot::validate(&self.cfg, s, n, |i| seqs.len(i))?;
+        }
         let longest = (0..n).map(|s| seqs.len(s)).max().unwrap_or(0);
         let chunk = self.opts.chunk_for(longest);
         let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, chunk, exec.workers())?;
         if init == InitialCaches::Zero {
             caches.reset();
         }
-        self.run(Call { x, seqs, size }, caches, out, workspace, exec)
+        let snaps = snapshots.map(SnapViews::new);
+        let call = Call {
+            x,
+            seqs,
+            size,
+            snaps: snaps.as_ref(),
+        };
+        self.run(call, caches, out, workspace, exec)
     }
 
     /// One decode step: one token for each of `N` sequences, each with its own caches
@@ -347,7 +389,13 @@ impl<'w> KdaLayer<'w> {
         let size = BlockSize::fit(&self.cfg, workspace.len(), n, None, exec.workers())?;
         let layer = self.with_mode(Mode::Recurrent);
         let seqs = Sequences::OneEach(n);
-        layer.run(Call { x, seqs, size }, caches, out, workspace, exec)
+        let call = Call {
+            x,
+            seqs,
+            size,
+            snaps: None,
+        };
+        layer.run(call, caches, out, workspace, exec)
     }
 }
 
@@ -356,6 +404,29 @@ struct Call<'a> {
     x: &'a [f32],
     seqs: Sequences<'a>,
     size: BlockSize,
+    snaps: Option<&'a SnapViews<'a>>,
+}
+
+impl<'a> Call<'a> {
+    /// The snapshot positions of the call (empty without snapshots).
+    fn snapshot_list(&self) -> &'a [SnapshotPos] {
+        self.snaps.map_or(&[], |s| s.at)
+    }
+}
+
+/// The snapshot buffers of a call, shared by the (sequence, head) tasks.
+pub(super) struct SnapViews<'a> {
+    pub(super) at: &'a [SnapshotPos],
+    pub(super) caches: CacheViews<'a>,
+}
+
+impl<'a> SnapViews<'a> {
+    fn new(s: Snapshots<'a>) -> Self {
+        SnapViews {
+            at: s.at,
+            caches: CacheViews::new(s.states),
+        }
+    }
 }
 
 impl KdaLayer<'_> {
@@ -380,18 +451,11 @@ impl KdaLayer<'_> {
             low_rank,
             scratch: Shared::new(scratch),
         };
-        let caches = CacheViews {
-            states: Shared::new(caches.recurrent),
-            conv: [
-                Shared::new(caches.conv_q),
-                Shared::new(caches.conv_k),
-                Shared::new(caches.conv_v),
-            ],
-        };
+        let caches = CacheViews::new(caches);
         let out = Shared::new(out);
-        let chunk_of = |s: usize| self.opts.chunk_for(call.seqs.len(s));
+        let grid = |s: usize, t: usize| self.grid(&call, s, t);
         let mut bufs = bufs;
-        for block in Blocks::new(call.seqs, call.size.tokens, &chunk_of) {
+        for block in Blocks::new(call.seqs, call.size.tokens, &grid) {
             self.block(&call, &block, &mut bufs, &caches, &out, exec)?;
         }
         Ok(())
@@ -441,8 +505,8 @@ impl KdaLayer<'_> {
         }
         let heads = HeadBuffers {
             block: &views,
-            states: &caches.states,
-            conv: [&caches.conv[0], &caches.conv[1], &caches.conv[2]],
+            caches,
+            snaps: call.snaps,
             scratch: &bufs.scratch,
             worker_len: call.size.worker_len,
             tokens: b,
@@ -479,25 +543,44 @@ impl KdaLayer<'_> {
 
     /// The piece of sequence `seq`, head `head` in `block`, or `None` if the sequence has no
     /// rows there.
-    fn piece(&self, call: &Call<'_>, block: &Block, seq: usize, head: usize) -> Option<SeqHead> {
+    fn piece<'c>(
+        &self,
+        call: &Call<'c>,
+        block: &Block,
+        seq: usize,
+        head: usize,
+    ) -> Option<SeqHead<'c>> {
         let start = call.seqs.start(seq);
         let a = start.max(block.t0) - block.t0;
         let b = call.seqs.start(seq + 1).min(block.t1) - block.t0;
         if a >= b {
             return None;
         }
-        let chunk = self.opts.chunk_for(call.seqs.len(seq)).map(|c| {
-            // Tokens of this sequence already run: the first chunk here completes the grid.
-            let phase = (block.t0 + a - start) % c;
+        let rel = block.t0 + a - start;
+        let chunk = self.grid(call, seq, rel).map(|(c, origin)| {
+            // Rows of this sequence already run since its grid started: the first chunk here
+            // completes the grid.
+            let phase = (rel - origin) % c;
             (c, if phase == 0 { c } else { c - phase })
         });
+        let snaps = snapshot::snaps_in(call.snapshot_list(), seq, rel, rel + b - a);
         Some(SeqHead {
             seq,
             head,
             row: a,
             len: b - a,
+            rel,
             chunk,
+            snaps,
         })
+    }
+
+    /// The chunk grid of sequence `s` around its row `t`: `(chunk size, the grid's first row
+    /// at or before t)` — the sequence start or the last snapshot position — or `None` when
+    /// the sequence runs recurrent.
+    fn grid(&self, call: &Call<'_>, s: usize, t: usize) -> Option<(usize, usize)> {
+        let c = self.opts.chunk_for(call.seqs.len(s))?;
+        Some((c, snapshot::grid_origin(call.snapshot_list(), s, t)))
     }
 }
 
@@ -513,8 +596,21 @@ struct BlockBuffers<'a> {
     scratch: Shared<'a>,
 }
 
-/// The caches of a call, shared by the (sequence, head) tasks.
-struct CacheViews<'a> {
-    states: Shared<'a>,
-    conv: [Shared<'a>; 3],
+/// The caches of a call (or its snapshots), shared by the (sequence, head) tasks.
+pub(super) struct CacheViews<'a> {
+    pub(super) states: Shared<'a>,
+    pub(super) conv: [Shared<'a>; 3],
+}
+
+impl<'a> CacheViews<'a> {
+    fn new(c: CachesMut<'a>) -> Self {
+        CacheViews {
+            states: Shared::new(c.recurrent),
+            conv: [
+                Shared::new(c.conv_q),
+                Shared::new(c.conv_k),
+                Shared::new(c.conv_v),
+            ],
+        }
+    }
 }

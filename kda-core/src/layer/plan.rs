@@ -273,6 +273,10 @@ impl Sequences<'_> {
     }
 }
 
+/// The chunk grid of sequence `s` around its row `t`: `(chunk size, first row of the grid at
+/// or before t)`, or `None` when the sequence runs recurrent.
+pub(crate) type Grid<'a> = dyn Fn(usize, usize) -> Option<(usize, usize)> + 'a;
+
 /// One block of tokens: rows `t0..t1` of the call, touching sequences
 /// `first_seq..first_seq + seqs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,23 +300,19 @@ impl Block {
 pub(crate) struct Blocks<'a> {
     seqs: Sequences<'a>,
     block: usize,
-    chunk_of: &'a dyn Fn(usize) -> Option<usize>,
+    grid: &'a Grid<'a>,
     t0: usize,
     seq: usize,
 }
 
 impl<'a> Blocks<'a> {
-    /// Blocks of up to `block` tokens over `seqs`; `chunk_of(s)` is sequence `s`'s chunk size
-    /// when it runs chunked.
-    pub(crate) fn new(
-        seqs: Sequences<'a>,
-        block: usize,
-        chunk_of: &'a dyn Fn(usize) -> Option<usize>,
-    ) -> Self {
+    /// Blocks of up to `block` tokens over `seqs`; `grid(s, t)` is the chunk grid of sequence
+    /// `s` around its row `t` when it runs chunked.
+    pub(crate) fn new(seqs: Sequences<'a>, block: usize, grid: &'a Grid<'a>) -> Self {
         Blocks {
             seqs,
             block: block.max(1),
-            chunk_of,
+            grid,
             t0: 0,
             seq: 0,
         }
@@ -335,8 +335,9 @@ impl<'a> Blocks<'a> {
         let s = self.seq_at(self.seq, t1);
         let start = self.seqs.start(s);
         if s < self.seqs.count() && start < t1 {
-            if let Some(c) = (self.chunk_of)(s) {
-                let aligned = start + (t1 - start) / c * c;
+            if let Some((c, origin)) = (self.grid)(s, t1 - start) {
+                let origin = start + origin;
+                let aligned = origin + (t1 - origin) / c * c;
                 if aligned > t0 {
                     return aligned;
                 }
@@ -433,7 +434,7 @@ mod tests {
     }
 
     fn blocks(cu: &[usize], block: usize, chunk: Option<usize>) -> Vec<Block> {
-        let f = move |_s: usize| chunk;
+        let f = move |_s: usize, _t: usize| chunk.map(|c| (c, 0));
         Blocks::new(Sequences::Offsets(cu), block, &f).collect()
     }
 
@@ -467,7 +468,7 @@ mod tests {
 
     #[test]
     fn decode_blocks_list_their_sequences() {
-        let none = |_s: usize| None;
+        let none = |_s: usize, _t: usize| None;
         let bs: Vec<Block> = Blocks::new(Sequences::OneEach(5), 2, &none).collect();
         let seqs: Vec<(usize, usize)> = bs.iter().map(|b| (b.first_seq, b.seqs)).collect();
         assert_eq!(seqs, [(0, 2), (2, 2), (4, 1)]);

@@ -10,7 +10,8 @@ use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
 use crate::weights::Data;
 
 use super::proj::BlockViews;
-use super::KdaLayer;
+use super::snapshot::SnapsIn;
+use super::{CacheViews, KdaLayer, SnapViews};
 
 /// The block's buffers and the caches, shared by the round's tasks. Each task touches only its
 /// own head's rows of its own sequence, and its worker's scratch.
@@ -18,9 +19,10 @@ pub(super) struct HeadBuffers<'a> {
     /// q, k, v, decay and beta (head-major) and the output gate, which receives the normed
     /// rows.
     pub(super) block: &'a BlockViews<'a>,
-    /// `[N, H, K, V]` recurrent states and `[N, H·K, W−1]` q, k, v conv states.
-    pub(super) states: &'a Shared<'a>,
-    pub(super) conv: [&'a Shared<'a>; 3],
+    /// The caches: `[N, H, K, V]` recurrent states and `[N, H·K, W−1]` q, k, v conv states.
+    pub(super) caches: &'a CacheViews<'a>,
+    /// Where snapshots go, if the call takes any.
+    pub(super) snaps: Option<&'a SnapViews<'a>>,
     /// `[workers, worker_len]` scratch.
     pub(super) scratch: &'a Shared<'a>,
     pub(super) worker_len: usize,
@@ -30,15 +32,19 @@ pub(super) struct HeadBuffers<'a> {
 
 /// One (sequence, head) piece of a block.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct SeqHead {
+pub(super) struct SeqHead<'a> {
     /// Sequence index in the call.
     pub(super) seq: usize,
     pub(super) head: usize,
     /// First row of the sequence within the block, and its row count there.
     pub(super) row: usize,
     pub(super) len: usize,
+    /// Rows of the sequence before this piece.
+    pub(super) rel: usize,
     /// `(chunk size, length of the first chunk)` when the sequence runs chunked.
     pub(super) chunk: Option<(usize, usize)>,
+    /// The snapshots that fall in this piece.
+    pub(super) snaps: SnapsIn<'a>,
 }
 
 /// The views one task works on.
@@ -61,7 +67,7 @@ impl<'a> HeadBuffers<'a> {
     unsafe fn views(
         &self,
         layer: &KdaLayer<'_>,
-        job: &SeqHead,
+        job: &SeqHead<'_>,
         worker: usize,
     ) -> Result<Views<'a>, KdaError> {
         let cfg = &layer.cfg;
@@ -84,11 +90,11 @@ impl<'a> HeadBuffers<'a> {
                     .block
                     .beta
                     .slice("beta", job.head * self.tokens + job.row, job.len)?,
-                state: self.states.slice("recurrent state", state, k * k)?,
+                state: self.caches.states.slice("recurrent state", state, k * k)?,
                 conv: [
-                    self.conv[0].slice("q conv state", conv, k * hist)?,
-                    self.conv[1].slice("k conv state", conv, k * hist)?,
-                    self.conv[2].slice("v conv state", conv, k * hist)?,
+                    self.caches.conv[0].slice("q conv state", conv, k * hist)?,
+                    self.caches.conv[1].slice("k conv state", conv, k * hist)?,
+                    self.caches.conv[2].slice("v conv state", conv, k * hist)?,
                 ],
                 scratch: self.scratch.slice(
                     "worker scratch",
@@ -108,7 +114,7 @@ impl<'a> HeadBuffers<'a> {
     pub(super) unsafe fn run<'w>(
         &self,
         layer: &KdaLayer<'w>,
-        job: SeqHead,
+        job: SeqHead<'_>,
         worker: usize,
     ) -> Result<(), KdaError> {
         // SAFETY: forwarded from the caller.
@@ -129,33 +135,122 @@ impl<'a> HeadBuffers<'a> {
         let (rec_scratch, chunk_scratch) = scratch.split_at_mut(recurrent_scratch_len(hk, hk));
         let conv_w = |data: Data<'w>| data.slice(job.head * hk * w, hk * w);
         let weights = &layer.weights;
-        short_conv_prefill(q, hk, conv_w(weights.q_conv), cq, conv_tmp)?;
-        short_conv_prefill(k, hk, conv_w(weights.k_conv), ck, conv_tmp)?;
-        short_conv_prefill(v, hk, conv_w(weights.v_conv), cv, conv_tmp)?;
+        let kernels = [weights.q_conv, weights.k_conv, weights.v_conv].map(conv_w);
+        // 1. The convs, piece by piece between snapshots (each snapshot takes the conv states
+        //    as they are after its position).
+        let mut start = 0;
+        for (i, end) in self.cuts(&job).enumerate() {
+            for ((x, state), kernel) in [&mut *q, &mut *k, &mut *v]
+                .into_iter()
+                .zip([&mut *cq, &mut *ck, &mut *cv])
+                .zip(kernels)
+            {
+                short_conv_prefill(&mut x[start * hk..end * hk], hk, kernel, state, conv_tmp)?;
+            }
+            if i < job.snaps.at.len() {
+                // SAFETY: forwarded from the caller (one task per sequence and head).
+                unsafe { self.snapshot_conv(layer, &job, i, [&*cq, &*ck, &*cv])? };
+            }
+            start = end;
+        }
         l2_norm(q, hk, cfg.l2_eps)?;
         l2_norm(k, hk, cfg.l2_eps)?;
+        // 2. The delta rule, piece by piece; the chunk grid restarts at each snapshot.
         let (isa, scale) = (layer.isa, cfg.scale());
-        match job.chunk {
-            Some((c, first)) => chunked_head(
-                isa,
-                q,
-                k,
-                v,
-                decay,
-                beta,
-                scale,
-                state,
-                c,
-                first,
-                chunk_scratch,
-            )?,
-            None => recurrent_head(isa, q, k, v, decay, beta, scale, state, rec_scratch)?,
+        let mut start = 0;
+        for (i, end) in self.cuts(&job).enumerate() {
+            let rows = start * hk..end * hk;
+            let (q, k, v, g) = (
+                &q[rows.clone()],
+                &k[rows.clone()],
+                &mut v[rows.clone()],
+                &decay[rows],
+            );
+            let beta = &beta[start..end];
+            match job.chunk {
+                Some((c, first)) => {
+                    let first = if i == 0 { first } else { c };
+                    chunked_head(isa, q, k, v, g, beta, scale, state, c, first, chunk_scratch)?
+                }
+                None => recurrent_head(isa, q, k, v, g, beta, scale, state, rec_scratch)?,
+            }
+            if i < job.snaps.at.len() {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.snapshot_state(layer, &job, i, state)? };
+            }
+            start = end;
         }
         self.gated_norm(layer, &job, v)
     }
 
+    /// The ends of the task's pieces: each snapshot position in it (as a row of the piece;
+    /// the `i`-th cut is snapshot `i`), then its end unless a snapshot is already there.
+    fn cuts<'j>(&self, job: &'j SeqHead<'_>) -> impl Iterator<Item = usize> + 'j {
+        let snaps = job.snaps.at.iter().map(move |p| p.pos - job.rel);
+        let at_end = job
+            .snaps
+            .at
+            .last()
+            .is_some_and(|p| p.pos - job.rel == job.len);
+        snaps.chain((!at_end).then_some(job.len))
+    }
+
+    /// Copies this head's conv states into snapshot `i` of the piece.
+    ///
+    /// # Safety
+    /// One task per (sequence, head): a snapshot's head slice is written by one task only.
+    unsafe fn snapshot_conv(
+        &self,
+        layer: &KdaLayer<'_>,
+        job: &SeqHead<'_>,
+        i: usize,
+        conv: [&[f32]; 3],
+    ) -> Result<(), KdaError> {
+        let Some(snaps) = self.snaps else {
+            return Ok(());
+        };
+        let len = layer.cfg.head_dim * (layer.cfg.conv_width - 1);
+        let at = (job.snaps.first + i) * layer.conv_state_len + job.head * len;
+        for (dst, src) in snaps.caches.conv.iter().zip(conv) {
+            // SAFETY: the caller's contract; the slice is this head's part of this snapshot.
+            unsafe { dst.slice("snapshot conv state", at, len)? }.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    /// Copies this head's recurrent state into snapshot `i` of the piece.
+    ///
+    /// # Safety
+    /// As [`Self::snapshot_conv`].
+    unsafe fn snapshot_state(
+        &self,
+        layer: &KdaLayer<'_>,
+        job: &SeqHead<'_>,
+        i: usize,
+        state: &[f32],
+    ) -> Result<(), KdaError> {
+        let Some(snaps) = self.snaps else {
+            return Ok(());
+        };
+        let at = (job.snaps.first + i) * layer.state_len + job.head * state.len();
+        // SAFETY: the caller's contract; the slice is this head's part of this snapshot.
+        unsafe {
+            snaps
+                .caches
+                .states
+                .slice("snapshot state", at, state.len())?
+        }
+        .copy_from_slice(state);
+        Ok(())
+    }
+
     /// Gated RMSNorm of the task's output rows `o` into its columns of the gate rows.
-    fn gated_norm(&self, layer: &KdaLayer<'_>, job: &SeqHead, o: &[f32]) -> Result<(), KdaError> {
+    fn gated_norm(
+        &self,
+        layer: &KdaLayer<'_>,
+        job: &SeqHead<'_>,
+        o: &[f32],
+    ) -> Result<(), KdaError> {
         let cfg = &layer.cfg;
         let (hk, d) = (cfg.head_dim, cfg.proj_dim());
         for (t, row) in o.chunks_exact(hk).enumerate() {

@@ -796,18 +796,30 @@ mod tests {
                     )
                     .unwrap();
                     let early = ..bad * kd;
-                    assert!(vc[early].iter().all(|x| x.is_finite()), "{isa:?} in{input} C{chunk}");
+                    assert!(
+                        vc[early].iter().all(|x| x.is_finite()),
+                        "{isa:?} in{input} C{chunk}"
+                    );
                     let e = rel(&vc[early], &vr[early]);
                     assert!(e <= 1e-5, "{isa:?} input {input} C{chunk}: {e:.2e}");
                     // The bad token's output row has a NaN in both forms (its whole row unless
                     // only q was bad, which reaches its own output alone).
                     let row = bad * kd..(bad + 1) * kd;
-                    assert!(vr[row.clone()].iter().any(|x| x.is_nan()), "recurrent in{input}");
-                    assert!(vc[row].iter().any(|x| x.is_nan()), "{isa:?} in{input} C{chunk}");
+                    assert!(
+                        vr[row.clone()].iter().any(|x| x.is_nan()),
+                        "recurrent in{input}"
+                    );
+                    assert!(
+                        vc[row].iter().any(|x| x.is_nan()),
+                        "{isa:?} in{input} C{chunk}"
+                    );
                     let later = (bad + 1) * kd..;
                     let nan_r = vr[later.clone()].iter().filter(|x| x.is_nan()).count();
                     let nan_c = vc[later].iter().filter(|x| x.is_nan()).count();
-                    assert_eq!(nan_c, nan_r, "{isa:?} in{input} C{chunk}: NaNs after the bad token");
+                    assert_eq!(
+                        nan_c, nan_r,
+                        "{isa:?} in{input} C{chunk}: NaNs after the bad token"
+                    );
                 }
             }
         }
