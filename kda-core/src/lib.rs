@@ -77,9 +77,10 @@ pub use error::KdaError;
 pub use exec::{Executor, Serial};
 pub use fixed::{decode_step_fixed, fixed_workspace_len, FixedCachesMut, FixedWeights};
 pub use layer::{
-    decode_workspace_len, forward_workspace_len, snapshot_count, snapshot_positions,
-    validate_offsets, workspace_len, Batch, ForwardOptions, InitialCaches, KdaLayer, Mode,
-    SnapshotPos, Snapshots, AUTO_CHUNK_MIN_TOKENS, DEFAULT_CHUNK,
+    commit_workspace_len, decode_workspace_len, forward_workspace_len, rollback_len,
+    snapshot_count, snapshot_positions, validate_offsets, workspace_len, Batch, ForwardOptions,
+    InitialCaches, KdaLayer, Mode, Rollback, SnapshotPos, Snapshots, AUTO_CHUNK_MIN_TOKENS,
+    DEFAULT_CHUNK,
 };
 pub use quant::{quantize_layer, quantize_rows, quantized_len, QuantLen};
 pub use simd::Isa;

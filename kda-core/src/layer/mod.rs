@@ -32,9 +32,12 @@
 mod plan;
 mod proj;
 mod snapshot;
+mod speculative;
 mod task;
 
 pub use snapshot::{snapshot_count, snapshot_positions, SnapshotPos, Snapshots};
+pub use speculative::{commit_workspace_len, rollback_len, Rollback};
+use speculative::{CommitViews, RecordLayout, VerifyViews};
 
 use crate::cache::CachesMut;
 use crate::config::KdaConfig;
@@ -44,7 +47,7 @@ use crate::ops::chunked::MAX_CHUNK;
 use crate::simd::Isa;
 use crate::weights::KdaWeights;
 
-use plan::{Block, BlockSize, Blocks, Sequences};
+use plan::{Block, BlockSize, Blocks, Needs, Sequences};
 use proj::{BlockViews, Round};
 use task::{HeadBuffers, SeqHead};
 
@@ -179,7 +182,8 @@ pub fn workspace_len(
 ) -> Result<usize, KdaError> {
     cfg.validate()?;
     opts.validate()?;
-    plan::workspace_for(cfg, opts.chunk_for(block_tokens), block_tokens, workers)
+    let needs = Needs::chunked(opts.chunk_for(block_tokens));
+    plan::workspace_for(cfg, needs, block_tokens, workers)
 }
 
 /// Workspace for a forward (default options, one worker) with blocks of up to `block_tokens`
@@ -290,13 +294,13 @@ impl<'w> KdaLayer<'w> {
     /// tokens on `workers` workers (see [`workspace_len`]).
     pub fn workspace_len(&self, block_tokens: usize, workers: usize) -> Result<usize, KdaError> {
         let chunk = self.opts.chunk_for(block_tokens);
-        plan::workspace_for(&self.cfg, chunk, block_tokens, workers)
+        plan::workspace_for(&self.cfg, Needs::chunked(chunk), block_tokens, workers)
     }
 
     /// f32 elements of workspace for a [`Self::decode_step`] over `batch` sequences in one
     /// block on `workers` workers.
     pub fn decode_workspace_len(&self, batch: usize, workers: usize) -> Result<usize, KdaError> {
-        plan::workspace_for(&self.cfg, None, batch, workers)
+        plan::workspace_for(&self.cfg, Needs::default(), batch, workers)
     }
 
     /// Runs the layer over the `N` packed sequences of `batch`.
@@ -358,7 +362,8 @@ impl<'w> KdaLayer<'w> {
         }
         let longest = (0..n).map(|s| seqs.len(s)).max().unwrap_or(0);
         let chunk = self.opts.chunk_for(longest);
-        let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, chunk, exec.workers())?;
+        let needs = Needs::chunked(chunk);
+        let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, needs, exec.workers(), 1)?;
         if init == InitialCaches::Zero {
             caches.reset();
         }
@@ -368,6 +373,7 @@ impl<'w> KdaLayer<'w> {
             seqs,
             size,
             snaps: snaps.as_ref(),
+            verify: None,
         };
         self.run(call, caches, out, workspace, exec)
     }
@@ -386,16 +392,122 @@ impl<'w> KdaLayer<'w> {
         let n = rows_of("x", x.len(), self.cfg.hidden)?;
         check_len("out", out.len(), x.len())?;
         caches.validate(&self.cfg, n)?;
-        let size = BlockSize::fit(&self.cfg, workspace.len(), n, None, exec.workers())?;
+        let needs = Needs::default();
+        let size = BlockSize::fit(&self.cfg, workspace.len(), n, needs, exec.workers(), 1)?;
         let layer = self.with_mode(Mode::Recurrent);
-        let seqs = Sequences::OneEach(n);
+        let seqs = Sequences::Fixed { count: n, len: 1 };
         let call = Call {
             x,
             seqs,
             size,
             snaps: None,
+            verify: None,
         };
         layer.run(call, caches, out, workspace, exec)
+    }
+
+    /// f32 elements of workspace for a [`Self::verify`] of `drafts` tokens for `batch`
+    /// sequences in one block on `workers` workers (down to one sequence's worth also works).
+    pub fn verify_workspace_len(
+        &self,
+        batch: usize,
+        drafts: usize,
+        workers: usize,
+    ) -> Result<usize, KdaError> {
+        let needs = Needs {
+            chunk: None,
+            verify: true,
+        };
+        let tokens = crate::error::mul("workspace", batch.max(1), drafts.max(1))?;
+        plan::workspace_for(&self.cfg, needs, tokens, workers)
+    }
+
+    /// A speculative verify: runs the `D = rollback.drafts` draft tokens of each of `N`
+    /// sequences (`x`, `out`: `[N·D, hidden]`, sequence by sequence) from its caches,
+    /// recurrent, and fills `rollback` ([`rollback_len`]) with what [`Self::commit`] needs.
+    /// The caches are only read: the tokens run on private copies (in the workspace, at least
+    /// [`Self::verify_workspace_len`]`(1, D, exec.workers())`). Each output is bitwise the
+    /// output decode steps would give.
+    pub fn verify(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        rollback: Rollback<'_>,
+        caches: CachesMut<'_>,
+        workspace: &mut [f32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let d = rollback.drafts;
+        if d == 0 {
+            return Err(KdaError::Config {
+                field: "drafts",
+                reason: "must be at least 1",
+            });
+        }
+        let tokens = rows_of("x", x.len(), self.cfg.hidden)?;
+        check_len("out", out.len(), x.len())?;
+        let n = rows_of("x (rows per sequence: drafts)", tokens, d)?;
+        caches.validate(&self.cfg, n)?;
+        check_len(
+            "rollback record",
+            rollback.data.len(),
+            rollback_len(&self.cfg, n, d)?,
+        )?;
+        let needs = Needs {
+            chunk: None,
+            verify: true,
+        };
+        let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, needs, exec.workers(), d)?;
+        let views = VerifyViews {
+            record: Shared::new(rollback.data),
+            layout: RecordLayout {
+                k: self.cfg.head_dim,
+                drafts: d,
+            },
+            per_head: speculative::head_record_len(self.cfg.head_dim, d)?,
+        };
+        let call = Call {
+            x,
+            seqs: Sequences::Fixed { count: n, len: d },
+            size,
+            snaps: None,
+            verify: Some(&views),
+        };
+        self.with_mode(Mode::Recurrent)
+            .run(call, caches, out, workspace, exec)
+    }
+
+    /// Advances each sequence's caches by the first `accepted[s]` (`0..=D`) tokens of the
+    /// [`Self::verify`] that filled `rollback` from these caches: afterwards they are bitwise
+    /// what `accepted[s]` decode steps would have left. `workspace`: at least
+    /// [`commit_workspace_len`]`(cfg, exec.workers())`. A record serves one commit.
+    pub fn commit(
+        &self,
+        rollback: &Rollback<'_>,
+        accepted: &[usize],
+        caches: CachesMut<'_>,
+        workspace: &mut [f32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        speculative::check_commit(&self.cfg, rollback, accepted, &caches)?;
+        let need = commit_workspace_len(&self.cfg, exec.workers())?;
+        if workspace.len() < need {
+            return Err(KdaError::TooSmall {
+                arg: "workspace",
+                needed: need,
+                actual: workspace.len(),
+            });
+        }
+        let views = CommitViews {
+            states: Shared::new(caches.recurrent),
+            conv: [
+                Shared::new(caches.conv_q),
+                Shared::new(caches.conv_k),
+                Shared::new(caches.conv_v),
+            ],
+            scratch: Shared::new(workspace),
+        };
+        speculative::commit_all(&self.cfg, self.isa, rollback, accepted, &views, exec)
     }
 }
 
@@ -405,6 +517,7 @@ struct Call<'a> {
     seqs: Sequences<'a>,
     size: BlockSize,
     snaps: Option<&'a SnapViews<'a>>,
+    verify: Option<&'a VerifyViews<'a>>,
 }
 
 impl<'a> Call<'a> {
@@ -507,6 +620,7 @@ impl KdaLayer<'_> {
             block: &views,
             caches,
             snaps: call.snaps,
+            verify: call.verify,
             scratch: &bufs.scratch,
             worker_len: call.size.worker_len,
             tokens: b,

@@ -28,20 +28,21 @@ pub(crate) fn ranks(cfg: &KdaConfig) -> (usize, usize) {
 /// run) the chunked kernel's scratch, or the projection scratch: [`PROJECT_MIN`] when a block
 /// has at most [`PROJECT_DIRECT_MAX`] tokens (the projections read the weight rows directly),
 /// else room to pack a tile's weight rows whole for blocks of `block` tokens.
-pub(crate) fn per_worker(
-    cfg: &KdaConfig,
-    chunk: Option<usize>,
-    block: usize,
-) -> Result<usize, KdaError> {
+pub(crate) fn per_worker(cfg: &KdaConfig, needs: Needs, block: usize) -> Result<usize, KdaError> {
     let k = cfg.head_dim;
     let rec = add(
         "workspace",
         recurrent_scratch_len(k, k),
         short_conv_prefill_scratch(cfg.conv_width),
     )?;
-    let seq_head = match chunk {
+    let seq_head = match needs.chunk {
         None => rec,
         Some(c) => add("workspace", rec, chunked_scratch_len(c, k, k))?,
+    };
+    let seq_head = if needs.verify {
+        add("workspace", seq_head, verify_scratch_len(cfg)?)?
+    } else {
+        seq_head
     };
     let proj = if block > PROJECT_DIRECT_MAX {
         let (rf, rg) = ranks(cfg);
@@ -51,6 +52,33 @@ pub(crate) fn per_worker(
         PROJECT_MIN
     };
     Ok(seq_head.max(proj))
+}
+
+/// What the (sequence, head) tasks of a call need in their workers' scratch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Needs {
+    /// The chunked kernel's scratch for this chunk size, when some sequence runs chunked.
+    pub(crate) chunk: Option<usize>,
+    /// Private copies of one head's caches (a speculative verify leaves the caches alone).
+    pub(crate) verify: bool,
+}
+
+impl Needs {
+    /// The needs of a forward whose sequences may run chunked with `chunk`.
+    pub(crate) fn chunked(chunk: Option<usize>) -> Self {
+        Needs {
+            chunk,
+            verify: false,
+        }
+    }
+}
+
+/// f32 elements a verify task needs for its copy of one head's recurrent state (`K·K`) and
+/// three conv states (`K·(W−1)` each).
+pub(crate) fn verify_scratch_len(cfg: &KdaConfig) -> Result<usize, KdaError> {
+    let k = cfg.head_dim;
+    let conv = mul("workspace", 3 * k, cfg.conv_width.saturating_sub(1))?;
+    add("workspace", mul("workspace", k, k)?, conv)
 }
 
 /// The regions of the layer's workspace, in order.
@@ -158,11 +186,11 @@ impl WorkspaceLayout {
 /// f32 elements of workspace for blocks of `block` tokens with `workers` workers.
 pub(crate) fn workspace_for(
     cfg: &KdaConfig,
-    chunk: Option<usize>,
+    needs: Needs,
     block: usize,
     workers: usize,
 ) -> Result<usize, KdaError> {
-    let wk = per_worker(cfg, chunk, block.max(1))?;
+    let wk = per_worker(cfg, needs, block.max(1))?;
     Ok(WorkspaceLayout::new(cfg, block.max(1), wk, workers.max(1))?.total())
 }
 
@@ -180,16 +208,18 @@ pub(crate) struct BlockSize {
 impl BlockSize {
     /// The largest block whose projections get the packing scratch (up to
     /// [`PROJECT_TOKENS`]), grown with any room left (a block beyond that needs no more
-    /// scratch per worker), for `tokens` tokens in a workspace of `ws` elements.
+    /// scratch per worker), for `tokens` tokens in a workspace of `ws` elements. Blocks are
+    /// whole multiples of `unit` tokens (a sequence length a block must not split; 1 for any).
     pub(crate) fn fit(
         cfg: &KdaConfig,
         ws: usize,
         tokens: usize,
-        chunk: Option<usize>,
+        needs: Needs,
         workers: usize,
+        unit: usize,
     ) -> Result<Self, KdaError> {
-        let workers = workers.max(1);
-        let needed = workspace_for(cfg, chunk, 1, workers)?;
+        let (workers, unit) = (workers.max(1), unit.max(1));
+        let needed = workspace_for(cfg, needs, unit, workers)?;
         if ws < needed {
             return Err(KdaError::TooSmall {
                 arg: "workspace",
@@ -197,16 +227,18 @@ impl BlockSize {
                 actual: ws,
             });
         }
-        let fits = |b: usize| -> Result<bool, KdaError> {
-            Ok(workspace_for(cfg, chunk, b, workers)? <= ws)
+        // Searched in units: `m` units are `m · unit` tokens.
+        let units = tokens.div_ceil(unit).max(1);
+        let fits = |m: usize| -> Result<bool, KdaError> {
+            Ok(workspace_for(cfg, needs, m * unit, workers)? <= ws)
         };
-        let best = largest(1, tokens.clamp(1, PROJECT_TOKENS), fits)?;
-        let worker_len = per_worker(cfg, chunk, best)?;
-        let grown = largest(best, tokens.max(1), |b| {
-            Ok(WorkspaceLayout::new(cfg, b, worker_len, workers)?.total() <= ws)
+        let best = largest(1, (PROJECT_TOKENS / unit).clamp(1, units), fits)?;
+        let worker_len = per_worker(cfg, needs, best * unit)?;
+        let grown = largest(best, units, |m| {
+            Ok(WorkspaceLayout::new(cfg, m * unit, worker_len, workers)?.total() <= ws)
         })?;
         Ok(BlockSize {
-            tokens: grown,
+            tokens: grown * unit,
             worker_len,
             workers,
         })
@@ -241,8 +273,8 @@ fn largest(
 pub(crate) enum Sequences<'a> {
     /// `cu_seqlens` (`[N+1]`, validated).
     Offsets(&'a [usize]),
-    /// `N` sequences of one token each.
-    OneEach(usize),
+    /// `count` sequences of `len` tokens each (decode: 1; a speculative verify: the drafts).
+    Fixed { count: usize, len: usize },
 }
 
 impl Sequences<'_> {
@@ -250,7 +282,7 @@ impl Sequences<'_> {
     pub(crate) fn count(&self) -> usize {
         match *self {
             Sequences::Offsets(cu) => cu.len() - 1,
-            Sequences::OneEach(n) => n,
+            Sequences::Fixed { count, .. } => count,
         }
     }
 
@@ -258,7 +290,7 @@ impl Sequences<'_> {
     pub(crate) fn start(&self, i: usize) -> usize {
         match *self {
             Sequences::Offsets(cu) => cu[i],
-            Sequences::OneEach(_) => i,
+            Sequences::Fixed { len, .. } => i * len,
         }
     }
 
@@ -411,14 +443,15 @@ mod tests {
         let cfg = KdaConfig::kimi_linear(40, 3, 16);
         for tokens in [1usize, 5, 300, 2000] {
             for chunk in [None, Some(16)] {
-                let min = workspace_for(&cfg, chunk, 1, 2).unwrap();
-                assert!(BlockSize::fit(&cfg, min - 1, tokens, chunk, 2).is_err());
+                let needs = Needs::chunked(chunk);
+                let min = workspace_for(&cfg, needs, 1, 2).unwrap();
+                assert!(BlockSize::fit(&cfg, min - 1, tokens, needs, 2, 1).is_err());
                 for ws in [
                     min,
                     min + 1000,
-                    workspace_for(&cfg, chunk, tokens, 2).unwrap(),
+                    workspace_for(&cfg, needs, tokens, 2).unwrap(),
                 ] {
-                    let b = BlockSize::fit(&cfg, ws, tokens, chunk, 2).unwrap();
+                    let b = BlockSize::fit(&cfg, ws, tokens, needs, 2, 1).unwrap();
                     assert!(b.tokens >= 1 && b.tokens <= tokens.max(1));
                     assert!(b.layout(&cfg).unwrap().total() <= ws);
                     if b.tokens < tokens {
@@ -469,7 +502,7 @@ mod tests {
     #[test]
     fn decode_blocks_list_their_sequences() {
         let none = |_s: usize, _t: usize| None;
-        let bs: Vec<Block> = Blocks::new(Sequences::OneEach(5), 2, &none).collect();
+        let bs: Vec<Block> = Blocks::new(Sequences::Fixed { count: 5, len: 1 }, 2, &none).collect();
         let seqs: Vec<(usize, usize)> = bs.iter().map(|b| (b.first_seq, b.seqs)).collect();
         assert_eq!(seqs, [(0, 2), (2, 2), (4, 1)]);
     }

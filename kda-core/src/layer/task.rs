@@ -7,10 +7,10 @@ use crate::ops::chunked::chunked_head;
 use crate::ops::conv::{short_conv_prefill, short_conv_prefill_scratch};
 use crate::ops::norm::{gated_rms_norm_row_into_gate, l2_norm};
 use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
-use crate::weights::Data;
 
 use super::proj::BlockViews;
 use super::snapshot::SnapsIn;
+use super::speculative::VerifyViews;
 use super::{CacheViews, KdaLayer, SnapViews};
 
 /// The block's buffers and the caches, shared by the round's tasks. Each task touches only its
@@ -23,6 +23,8 @@ pub(super) struct HeadBuffers<'a> {
     pub(super) caches: &'a CacheViews<'a>,
     /// Where snapshots go, if the call takes any.
     pub(super) snaps: Option<&'a SnapViews<'a>>,
+    /// The rollback record, in a speculative verify.
+    pub(super) verify: Option<&'a VerifyViews<'a>>,
     /// `[workers, worker_len]` scratch.
     pub(super) scratch: &'a Shared<'a>,
     pub(super) worker_len: usize,
@@ -47,16 +49,22 @@ pub(super) struct SeqHead<'a> {
     pub(super) snaps: SnapsIn<'a>,
 }
 
+/// The delta rule's scratch: the recurrence's, and the chunked kernel's.
+struct DeltaScratch<'a> {
+    recurrent: &'a mut [f32],
+    chunked: &'a mut [f32],
+}
+
 /// The views one task works on.
-struct Views<'a> {
-    q: &'a mut [f32],
-    k: &'a mut [f32],
-    v: &'a mut [f32],
-    decay: &'a mut [f32],
-    beta: &'a mut [f32],
-    state: &'a mut [f32],
-    conv: [&'a mut [f32]; 3],
-    scratch: &'a mut [f32],
+pub(super) struct Views<'a> {
+    pub(super) q: &'a mut [f32],
+    pub(super) k: &'a mut [f32],
+    pub(super) v: &'a mut [f32],
+    pub(super) decay: &'a mut [f32],
+    pub(super) beta: &'a mut [f32],
+    pub(super) state: &'a mut [f32],
+    pub(super) conv: [&'a mut [f32]; 3],
+    pub(super) scratch: &'a mut [f32],
 }
 
 impl<'a> HeadBuffers<'a> {
@@ -106,7 +114,8 @@ impl<'a> HeadBuffers<'a> {
     }
 
     /// Conv → L2 norm → delta rule → gated norm for one (sequence, head) piece, on worker
-    /// `worker`.
+    /// `worker`. In a verify, the caches are copied first and only the copies advance, and the
+    /// rollback record is filled on the way.
     ///
     /// # Safety
     /// As [`Self::views`]: tasks running concurrently have distinct (sequence, head) pairs and
@@ -118,69 +127,122 @@ impl<'a> HeadBuffers<'a> {
         worker: usize,
     ) -> Result<(), KdaError> {
         // SAFETY: forwarded from the caller.
-        let views = unsafe { self.views(layer, &job, worker)? };
-        let Views {
-            q,
-            k,
-            v,
-            decay,
-            beta,
-            state,
-            conv: [cq, ck, cv],
-            scratch,
-        } = views;
+        let mut views = unsafe { self.views(layer, &job, worker)? };
         let cfg = &layer.cfg;
         let (hk, w) = (cfg.head_dim, cfg.conv_width);
+        let scratch = core::mem::take(&mut views.scratch);
         let (conv_tmp, scratch) = scratch.split_at_mut(short_conv_prefill_scratch(w));
-        let (rec_scratch, chunk_scratch) = scratch.split_at_mut(recurrent_scratch_len(hk, hk));
-        let conv_w = |data: Data<'w>| data.slice(job.head * hk * w, hk * w);
+        let (rec_scratch, rest) = scratch.split_at_mut(recurrent_scratch_len(hk, hk));
+        // A verify runs recurrent, so the chunked kernel's part of the scratch holds the
+        // cache copies instead.
+        let (mut verify, chunk_scratch) = match self.verify {
+            // SAFETY: forwarded from the caller (one task per sequence and head).
+            Some(v) => (
+                Some(unsafe { v.begin(layer, &job, &mut views, rest)? }),
+                &mut [][..],
+            ),
+            None => (None, rest),
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.convs(layer, &job, &mut views, conv_tmp)? };
+        l2_norm(views.q, hk, cfg.l2_eps)?;
+        l2_norm(views.k, hk, cfg.l2_eps)?;
+        if let Some(v) = &mut verify {
+            v.record_rows(&views);
+        }
+        let scratch = DeltaScratch {
+            recurrent: rec_scratch,
+            chunked: chunk_scratch,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.delta_rule(layer, &job, &mut views, scratch)? };
+        self.gated_norm(layer, &job, views.v)
+    }
+
+    /// The convs of q, k and v, piece by piece between snapshots (each snapshot takes the conv
+    /// states as they are after its position).
+    ///
+    /// # Safety
+    /// As [`Self::run`].
+    unsafe fn convs(
+        &self,
+        layer: &KdaLayer<'_>,
+        job: &SeqHead<'_>,
+        views: &mut Views<'_>,
+        conv_tmp: &mut [f32],
+    ) -> Result<(), KdaError> {
+        let (hk, w) = (layer.cfg.head_dim, layer.cfg.conv_width);
         let weights = &layer.weights;
-        let kernels = [weights.q_conv, weights.k_conv, weights.v_conv].map(conv_w);
-        // 1. The convs, piece by piece between snapshots (each snapshot takes the conv states
-        //    as they are after its position).
+        let kernels = [weights.q_conv, weights.k_conv, weights.v_conv]
+            .map(|data| data.slice(job.head * hk * w, hk * w));
+        let [cq, ck, cv] = &mut views.conv;
         let mut start = 0;
-        for (i, end) in self.cuts(&job).enumerate() {
-            for ((x, state), kernel) in [&mut *q, &mut *k, &mut *v]
+        for (i, end) in self.cuts(job).enumerate() {
+            for ((x, state), kernel) in [&mut *views.q, &mut *views.k, &mut *views.v]
                 .into_iter()
-                .zip([&mut *cq, &mut *ck, &mut *cv])
+                .zip([&mut **cq, &mut **ck, &mut **cv])
                 .zip(kernels)
             {
                 short_conv_prefill(&mut x[start * hk..end * hk], hk, kernel, state, conv_tmp)?;
             }
             if i < job.snaps.at.len() {
                 // SAFETY: forwarded from the caller (one task per sequence and head).
-                unsafe { self.snapshot_conv(layer, &job, i, [&*cq, &*ck, &*cv])? };
+                unsafe { self.snapshot_conv(layer, job, i, [&**cq, &**ck, &**cv])? };
             }
             start = end;
         }
-        l2_norm(q, hk, cfg.l2_eps)?;
-        l2_norm(k, hk, cfg.l2_eps)?;
-        // 2. The delta rule, piece by piece; the chunk grid restarts at each snapshot.
-        let (isa, scale) = (layer.isa, cfg.scale());
+        Ok(())
+    }
+
+    /// The delta rule, piece by piece between snapshots; the chunk grid restarts at each.
+    ///
+    /// # Safety
+    /// As [`Self::run`].
+    unsafe fn delta_rule(
+        &self,
+        layer: &KdaLayer<'_>,
+        job: &SeqHead<'_>,
+        views: &mut Views<'_>,
+        scratch: DeltaScratch<'_>,
+    ) -> Result<(), KdaError> {
+        let hk = layer.cfg.head_dim;
+        let (isa, scale) = (layer.isa, layer.cfg.scale());
+        let state = &mut *views.state;
         let mut start = 0;
-        for (i, end) in self.cuts(&job).enumerate() {
+        for (i, end) in self.cuts(job).enumerate() {
             let rows = start * hk..end * hk;
-            let (q, k, v, g) = (
-                &q[rows.clone()],
-                &k[rows.clone()],
-                &mut v[rows.clone()],
-                &decay[rows],
+            let (q, k, g) = (
+                &views.q[rows.clone()],
+                &views.k[rows.clone()],
+                &views.decay[rows.clone()],
             );
-            let beta = &beta[start..end];
+            let (v, beta) = (&mut views.v[rows], &views.beta[start..end]);
             match job.chunk {
                 Some((c, first)) => {
                     let first = if i == 0 { first } else { c };
-                    chunked_head(isa, q, k, v, g, beta, scale, state, c, first, chunk_scratch)?
+                    chunked_head(
+                        isa,
+                        q,
+                        k,
+                        v,
+                        g,
+                        beta,
+                        scale,
+                        state,
+                        c,
+                        first,
+                        scratch.chunked,
+                    )?
                 }
-                None => recurrent_head(isa, q, k, v, g, beta, scale, state, rec_scratch)?,
+                None => recurrent_head(isa, q, k, v, g, beta, scale, state, scratch.recurrent)?,
             }
             if i < job.snaps.at.len() {
                 // SAFETY: forwarded from the caller.
-                unsafe { self.snapshot_state(layer, &job, i, state)? };
+                unsafe { self.snapshot_state(layer, job, i, state)? };
             }
             start = end;
         }
-        self.gated_norm(layer, &job, v)
+        Ok(())
     }
 
     /// The ends of the task's pieces: each snapshot position in it (as a row of the piece;

@@ -119,6 +119,35 @@ pub fn recurrent_head(
     Ok(())
 }
 
+/// One recorded token of a speculative verify, for [`replay_step`].
+pub(crate) struct ReplayToken<'a> {
+    /// The normalised key `[K]`.
+    pub(crate) k: &'a [f32],
+    pub(crate) beta: f32,
+    /// `[K]` zeros: the query of the read, which leaves the state alone.
+    pub(crate) zeros: &'a [f32],
+    /// `[K]` decay factors `e^{g}`.
+    pub(crate) decay: &'a [f32],
+}
+
+/// The state update of one token, bitwise as [`recurrent_head`] does it: `delta` holds the
+/// value `[V]` on entry (δ on return); `out` `[V]` is scratch.
+pub(crate) fn replay_step(
+    isa: Isa,
+    state: &mut [f32],
+    t: &ReplayToken<'_>,
+    delta: &mut [f32],
+    out: &mut [f32],
+) {
+    let token = Token {
+        q: t.zeros,
+        k: t.k,
+        beta: t.beta,
+        scale: 1.0,
+    };
+    fused_step(isa, state, &token, t.decay.iter().copied(), delta, out);
+}
+
 /// One token's read-only inputs for one head.
 struct Token<'a> {
     q: &'a [f32],
