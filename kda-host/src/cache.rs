@@ -74,4 +74,25 @@ impl SequenceCaches {
     pub fn reset(&mut self) {
         self.as_mut().reset();
     }
+
+    /// Sequence `n`'s caches alone, as a one-sequence cache.
+    pub fn sequence(&self, n: usize) -> Result<Self, HostError> {
+        if n >= self.sequences {
+            return Err(HostError::Invalid(format!(
+                "sequence {n} is past the cache's {} sequences",
+                self.sequences
+            )));
+        }
+        let part = |v: &Vec<f32>| {
+            let len = v.len() / self.sequences;
+            v[n * len..(n + 1) * len].to_vec()
+        };
+        Ok(SequenceCaches {
+            sequences: 1,
+            recurrent: part(&self.recurrent),
+            conv_q: part(&self.conv_q),
+            conv_k: part(&self.conv_k),
+            conv_v: part(&self.conv_v),
+        })
+    }
 }

@@ -39,6 +39,6 @@ pub use checkpoint::Checkpoint;
 pub use error::HostError;
 pub use kda_core::Mode;
 pub use layer::{OwnedData, OwnedGate, OwnedLayer, OwnedMat, WeightDtype};
-pub use model::{Model, ModelCache, ModelLayer};
+pub use model::{Model, ModelCache, ModelLayer, ModelRollback, ModelSnapshots};
 pub use panels::Panels;
 pub use runner::Runner;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kda_core::{ForwardOptions, InitialCaches, KdaConfig, KdaLayer, KdaWeights, Mode};
+use kda_core::{ForwardOptions, InitialCaches, KdaConfig, KdaLayer, KdaWeights, Mode, SnapshotPos};
 
 use crate::cache::SequenceCaches;
 use crate::checkpoint::config::ModelConfig;
@@ -184,6 +184,125 @@ impl Model {
     ) -> Result<Vec<f32>> {
         let layer = self.kda_layer(index, ForwardOptions::recurrent())?;
         runner.decode(&layer, x, cache.layer_mut(index)?)
+    }
+
+    /// [`Model::forward`] that also keeps the caches of layer `index` after the tokens listed
+    /// in `at` (sorted by sequence then position) in `snapshots`.
+    #[allow(clippy::too_many_arguments)] // Model::forward's arguments plus the two of the snapshots.
+    pub fn forward_with_snapshots(
+        &self,
+        runner: &mut Runner,
+        index: usize,
+        x: &[f32],
+        cu_seqlens: &[usize],
+        cache: &mut ModelCache,
+        mode: Mode,
+        snapshots: &mut ModelSnapshots,
+    ) -> Result<Vec<f32>> {
+        let layer = self.kda_layer(index, ForwardOptions::default().with_mode(mode))?;
+        let caches = cache.layer_mut(index)?;
+        let at = &snapshots.at;
+        let given = InitialCaches::Given;
+        let (out, snaps) =
+            runner.forward_with_snapshots(&layer, x, cu_seqlens, caches, given, at)?;
+        snapshots.layers.retain(|(i, _)| *i != index);
+        snapshots.layers.push((index, snaps));
+        snapshots.layers.sort_by_key(|(i, _)| *i);
+        Ok(out)
+    }
+
+    /// A speculative verify of `rollback.drafts` tokens per sequence through layer `index`
+    /// (`x`: `[N·drafts, hidden]`); the layer's record goes into `rollback`, the cache is
+    /// only read. Returns the outputs.
+    pub fn verify(
+        &self,
+        runner: &mut Runner,
+        index: usize,
+        x: &[f32],
+        cache: &mut ModelCache,
+        rollback: &mut ModelRollback,
+    ) -> Result<Vec<f32>> {
+        let layer = self.kda_layer(index, ForwardOptions::recurrent())?;
+        let (out, record) = runner.verify(&layer, x, rollback.drafts, cache.layer_mut(index)?)?;
+        rollback.layers.retain(|(i, _)| *i != index);
+        rollback.layers.push((index, record));
+        Ok(out)
+    }
+
+    /// Commits the first `accepted[s]` drafts of each sequence in every layer `rollback`
+    /// holds a record for, and empties it (a record serves one commit).
+    pub fn commit(
+        &self,
+        runner: &mut Runner,
+        rollback: &mut ModelRollback,
+        accepted: &[usize],
+        cache: &mut ModelCache,
+    ) -> Result<()> {
+        for (index, record) in &mut rollback.layers {
+            let layer = self.kda_layer(*index, ForwardOptions::recurrent())?;
+            let caches = cache.layer_mut(*index)?;
+            runner.commit(&layer, record, rollback.drafts, accepted, caches)?;
+        }
+        rollback.layers.clear();
+        Ok(())
+    }
+}
+
+/// Snapshots of a model's caches: for each snapshot position (sorted by sequence then
+/// position) and each layer run with [`Model::forward_with_snapshots`], that layer's caches of
+/// the sequence after those tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSnapshots {
+    /// The positions, `(sequence, tokens consumed)`.
+    pub at: Vec<SnapshotPos>,
+    /// `(model layer, M snapshots' caches)`, ascending by layer.
+    pub layers: Vec<(usize, SequenceCaches)>,
+}
+
+impl ModelSnapshots {
+    /// Snapshots at `at` (taken as each layer runs).
+    pub fn new(at: Vec<SnapshotPos>) -> Self {
+        ModelSnapshots {
+            at,
+            layers: Vec::new(),
+        }
+    }
+
+    /// Snapshot `m` of every layer as a one-sequence [`ModelCache`], to resume from.
+    pub fn cache(&self, m: usize) -> Result<ModelCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|(i, c)| Ok((*i, c.sequence(m)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ModelCache {
+            sequences: 1,
+            layers,
+        })
+    }
+}
+
+/// The rollback records of a speculative verify, one per model layer verified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRollback {
+    /// Draft tokens per sequence.
+    pub drafts: usize,
+    /// `(model layer, record)`.
+    pub layers: Vec<(usize, Vec<f32>)>,
+}
+
+impl ModelRollback {
+    /// An empty record for `drafts` draft tokens per sequence.
+    pub fn new(drafts: usize) -> Self {
+        ModelRollback {
+            drafts,
+            layers: Vec::new(),
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|(_, r)| 4 * r.len()).sum()
     }
 }
 
