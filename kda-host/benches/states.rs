@@ -8,8 +8,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use kda_core::{
-    commit_workspace_len, rollback_len, snapshot_count, snapshot_positions, Batch,
-    ForwardOptions, InitialCaches, KdaConfig, Rollback, Serial, SnapshotPos, Snapshots,
+    commit_workspace_len, rollback_len, snapshot_count, snapshot_positions, Batch, ForwardOptions,
+    InitialCaches, KdaConfig, Rollback, Serial, SnapshotPos, Snapshots,
 };
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
@@ -38,7 +38,13 @@ fn snapshots(c: &mut Criterion) {
                 out: &mut out,
             };
             layer
-                .forward(batch, caches.as_mut(), InitialCaches::Zero, &mut ws, &Serial)
+                .forward(
+                    batch,
+                    caches.as_mut(),
+                    InitialCaches::Zero,
+                    &mut ws,
+                    &Serial,
+                )
                 .unwrap()
         })
     });
