@@ -5,7 +5,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kda_core::ops::linear::{project_scratch_len, project_tile, PROJECT_SCRATCH};
+use kda_core::internals::{project_scratch_len, project_tile, PROJECT_SCRATCH};
 use kda_core::{bf16, Data, Isa, MatRef};
 
 #[path = "common/peak.rs"]
@@ -24,7 +24,7 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize)
         let mut scratch = vec![0.0f32; scratch_len];
         // Tiles of 16 rows, as the layer hands them to its workers.
         for o0 in (0..N_OUT).step_by(16) {
-            assert!(project_tile(
+            project_tile(
                 isa,
                 &row,
                 BLOCK,
@@ -32,8 +32,12 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize)
                 o0,
                 o0 + 16,
                 &mut scratch,
-                &mut |t, o, v| blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v)
-            ));
+                &mut |t, o, v| {
+                    blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);
+                    Ok(())
+                },
+            )
+            .unwrap();
         }
     }
 }
@@ -137,7 +141,7 @@ fn decode_token(isa: Isa, x: &[f32], m: &MatRef<'_>, out: &mut [f32]) {
     let row = |_: usize| x;
     let mut scratch = [0.0f32; 384];
     for o0 in (0..m.rows()).step_by(64) {
-        assert!(project_tile(
+        project_tile(
             isa,
             &row,
             1,
@@ -145,8 +149,12 @@ fn decode_token(isa: Isa, x: &[f32], m: &MatRef<'_>, out: &mut [f32]) {
             o0,
             (o0 + 64).min(m.rows()),
             &mut scratch,
-            &mut |_, o, v| out[o..o + v.len()].copy_from_slice(v)
-        ));
+            &mut |_, o, v| {
+                out[o..o + v.len()].copy_from_slice(v);
+                Ok(())
+            },
+        )
+        .unwrap();
     }
 }
 

@@ -8,8 +8,8 @@ mod common;
 use common::{rel_rms, Layer, Quantised};
 use kda_core::fixed::{self, from_q, slice_to_q, ACT_FRAC, STATE_FRAC};
 use kda_core::{
-    decode_step, forward, CachesMut, DecayGate, FixedCachesMut, GateProj, InitialCaches, KdaConfig,
-    KdaError, KdaWeights,
+    Batch, CachesMut, DecayGate, FixedCachesMut, ForwardOptions, GateProj, InitialCaches,
+    KdaConfig, KdaError, KdaLayer, KdaWeights, Serial,
 };
 
 const STEPS: usize = 1000;
@@ -44,6 +44,7 @@ fn float_decode(cfg: &KdaConfig, w: &KdaWeights<'_>, xq: &[i32]) -> Vec<f32> {
     let mut cv = [0, 1, 2].map(|_| vec![0.0; cfg.conv_state_len().unwrap()]);
     let mut ws = vec![0.0; kda_core::decode_workspace_len(cfg, 1).unwrap()];
     let mut out = vec![0.0; xq.len()];
+    let layer = KdaLayer::new(cfg, *w, ForwardOptions::recurrent()).unwrap();
     for t in 0..xq.len() / hd {
         let x: Vec<f32> = xq[t * hd..(t + 1) * hd]
             .iter()
@@ -56,7 +57,10 @@ fn float_decode(cfg: &KdaConfig, w: &KdaWeights<'_>, xq: &[i32]) -> Vec<f32> {
             conv_k: b,
             conv_v: c,
         };
-        decode_step(cfg, w, &x, caches, &mut out[t * hd..(t + 1) * hd], &mut ws).unwrap();
+        let out = &mut out[t * hd..(t + 1) * hd];
+        layer
+            .decode_step(&x, out, caches, &mut ws, &Serial)
+            .unwrap();
     }
     out
 }
@@ -165,6 +169,7 @@ fn float_prefill_hands_over_to_the_integer_path() {
     let mut cv = [0, 1, 2].map(|_| vec![0.0; cfg.conv_state_len().unwrap()]);
     let mut ws = vec![0.0; kda_core::forward_workspace_len(&cfg, tp + td).unwrap()];
     let mut want = vec![0.0; x.len()];
+    let fwd = KdaLayer::new(&cfg, wq, ForwardOptions::default()).unwrap();
     {
         let [a, b, c] = &mut cv;
         let caches = CachesMut {
@@ -173,17 +178,13 @@ fn float_prefill_hands_over_to_the_integer_path() {
             conv_k: b,
             conv_v: c,
         };
-        forward(
-            &cfg,
-            &wq,
-            &x,
-            &[0, tp + td],
-            caches,
-            InitialCaches::Zero,
-            &mut want,
-            &mut ws,
-        )
-        .unwrap();
+        let batch = Batch {
+            x: &x,
+            cu_seqlens: &[0, tp + td],
+            out: &mut want,
+        };
+        fwd.forward(batch, caches, InitialCaches::Zero, &mut ws, &Serial)
+            .unwrap();
     }
     // Float prefill of the prompt, caches converted, integer decode of the rest.
     st.fill(0.0);
@@ -196,17 +197,13 @@ fn float_prefill_hands_over_to_the_integer_path() {
             conv_k: b,
             conv_v: c,
         };
-        forward(
-            &cfg,
-            &wq,
-            &x[..tp * hd],
-            &[0, tp],
-            caches,
-            InitialCaches::Zero,
-            &mut prompt_out,
-            &mut ws,
-        )
-        .unwrap();
+        let batch = Batch {
+            x: &x[..tp * hd],
+            cu_seqlens: &[0, tp],
+            out: &mut prompt_out,
+        };
+        fwd.forward(batch, caches, InitialCaches::Zero, &mut ws, &Serial)
+            .unwrap();
     }
     let mut fs = FixedState::zero(&cfg);
     slice_to_q(&st, STATE_FRAC, &mut fs.st).unwrap();

@@ -8,8 +8,8 @@ mod common;
 use common::{rel_rms, Fixture, Layer, Quantised};
 use kda_core::fixed::{self, slice_from_q, slice_to_q, ACT_FRAC, STATE_FRAC};
 use kda_core::{
-    forward_with, CachesMut, FixedCachesMut, ForwardOptions, InitialCaches, KdaConfig, KdaWeights,
-    Mode, Serial,
+    Batch, CachesMut, FixedCachesMut, ForwardOptions, InitialCaches, KdaConfig, KdaLayer,
+    KdaWeights, Mode, Serial,
 };
 
 struct Caches {
@@ -52,10 +52,15 @@ fn run(fx: &Fixture, w: &KdaWeights<'_>, mode: Mode) -> Vec<f32> {
         conv_k: ck,
         conv_v: cv,
     };
-    forward_with(
-        &cfg, w, &x, &cu, caches, c.init, &mut out, &mut ws, &opts, &Serial,
-    )
-    .unwrap();
+    let batch = Batch {
+        x: &x,
+        cu_seqlens: &cu,
+        out: &mut out,
+    };
+    KdaLayer::new(&cfg, *w, opts)
+        .unwrap()
+        .forward(batch, caches, c.init, &mut ws, &Serial)
+        .unwrap();
     out
 }
 

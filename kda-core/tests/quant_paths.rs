@@ -5,10 +5,10 @@
 mod common;
 
 use common::{rel_rms, Layer, Quantised};
-use kda_core::ops::linear::linear;
+use kda_core::ops::linear;
 use kda_core::{
-    decode_step_with, forward_with, CachesMut, Data, DecayGate, ForwardOptions, GateProj,
-    InitialCaches, Isa, KdaConfig, MatRef, Mode, Serial,
+    Batch, CachesMut, Data, DecayGate, ForwardOptions, GateProj, InitialCaches, Isa, KdaConfig,
+    KdaLayer, MatRef, Mode, Serial,
 };
 
 fn configs() -> [KdaConfig; 2] {
@@ -81,7 +81,8 @@ fn int8_weights_match_dequantised_f32_on_every_path() {
                     isa: Some(isa),
                 };
                 let mut outs = Vec::new();
-                for ww in [&wq, &wd] {
+                for ww in [wq, wd] {
+                    let kda = KdaLayer::new(&cfg, ww, opts).unwrap();
                     let mut st = vec![0.0; 3 * cfg.state_len().unwrap()];
                     let mut cv = [0, 1, 2].map(|_| vec![0.0; 3 * cfg.conv_state_len().unwrap()]);
                     let mut ws = vec![0.0; kda_core::workspace_len(&cfg, &opts, t, 1).unwrap()];
@@ -93,19 +94,13 @@ fn int8_weights_match_dequantised_f32_on_every_path() {
                         conv_k: b,
                         conv_v: c,
                     };
-                    forward_with(
-                        &cfg,
-                        ww,
-                        &x,
-                        &cu,
-                        caches,
-                        InitialCaches::Zero,
-                        &mut out,
-                        &mut ws,
-                        &opts,
-                        &Serial,
-                    )
-                    .unwrap();
+                    let batch = Batch {
+                        x: &x,
+                        cu_seqlens: &cu,
+                        out: &mut out,
+                    };
+                    kda.forward(batch, caches, InitialCaches::Zero, &mut ws, &Serial)
+                        .unwrap();
                     // Then one decode step for each of the three sequences.
                     let xd = &x[..3 * cfg.hidden];
                     let mut od = vec![0.0; xd.len()];
@@ -116,7 +111,7 @@ fn int8_weights_match_dequantised_f32_on_every_path() {
                         conv_k: b,
                         conv_v: c,
                     };
-                    decode_step_with(&cfg, ww, xd, caches, &mut od, &mut ws, Some(isa), &Serial)
+                    kda.decode_step(xd, &mut od, caches, &mut ws, &Serial)
                         .unwrap();
                     out.extend(od);
                     outs.push(out);

@@ -44,7 +44,7 @@ pub fn conformance_backend() -> Result<CudaBackend, CudaError> {
 }
 
 impl CudaBackend {
-    /// [`kda_core::forward`]'s contract on the GPU, from and to host memory, in
+    /// [`kda_core::KdaLayer::forward`]'s contract on the GPU, from and to host memory, in
     /// [`HostFormats::F32`]: `x`, `out` `[T, hidden]`, `cu_seqlens` `[N+1]`, `caches` the N
     /// sequences' caches (read when `init` is `Given`, always left holding the final caches).
     #[allow(clippy::too_many_arguments)]
@@ -98,7 +98,7 @@ impl CudaBackend {
         cd.download(self, &mut caches)
     }
 
-    /// [`kda_core::decode_step`]'s contract on the GPU, from and to host memory, in
+    /// [`kda_core::KdaLayer::decode_step`]'s contract on the GPU, from and to host memory, in
     /// [`HostFormats::F32`]: one token per sequence, `x`, `out` `[N, hidden]`, caches of N
     /// sequences updated in place.
     pub fn decode_host(

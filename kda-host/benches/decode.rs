@@ -3,7 +3,7 @@
 //! stream (compare with `kda bench`, which also measures the machine's read bandwidth).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kda_core::KdaConfig;
+use kda_core::{ForwardOptions, KdaConfig};
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, Runner, SequenceCaches, WeightDtype};
 
@@ -12,6 +12,7 @@ fn decode(c: &mut Criterion) {
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, 1).unwrap();
     let mut caches = SequenceCaches::new(&cfg, 1).unwrap();
     let mut runner = Runner::default();
+    let kda = layer.kda_layer(ForwardOptions::recurrent()).unwrap();
     let x = Rng::new(2).normals(cfg.hidden, 1.0);
     // Per token: every weight byte once, the recurrent state read and written once.
     let bytes = layer.weight_bytes() + 2 * 4 * caches.recurrent.len();
@@ -25,7 +26,7 @@ fn decode(c: &mut Criterion) {
             .build()
             .unwrap();
         g.bench_function(format!("batch1_{threads}thread"), |b| {
-            pool.install(|| b.iter(|| runner.decode(&layer, &x, &mut caches).unwrap()))
+            pool.install(|| b.iter(|| runner.decode(&kda, &x, &mut caches).unwrap()))
         });
     }
     g.finish();

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kda_core::{InitialCaches, KdaConfig};
+use kda_core::{ForwardOptions, InitialCaches, KdaConfig};
 use kda_host::checkpoint::config::Layout;
 use kda_host::checkpoint::export::{export_dir, export_files, ExportOptions};
 use kda_host::rng::Rng;
@@ -64,8 +64,9 @@ fn model_loads_every_kda_layer_in_place_and_matches_owned_layers() {
             .forward(&mut runner, i, &x, &cu, &mut cache, Mode::Auto)
             .unwrap();
         let mut c = SequenceCaches::new(&l.cfg, 2).unwrap();
+        let kda = l.kda_layer(ForwardOptions::default()).unwrap();
         let want = runner
-            .forward(l, &x, &cu, &mut c, InitialCaches::Zero)
+            .forward(&kda, &x, &cu, &mut c, InitialCaches::Zero)
             .unwrap();
         assert_eq!(y, want, "layer {i}");
         assert_eq!(cache.layer(i).unwrap(), &c);
@@ -262,17 +263,11 @@ fn bf16_input_and_no_cu_seqlens() {
         "2",
     ]);
     let mut c = SequenceCaches::new(&owned[1].cfg, 1).unwrap();
-    let w = owned[1].weights().unwrap();
+    let kda = owned[1]
+        .kda_layer(ForwardOptions::default().with_mode(kda_host::Mode::Chunked))
+        .unwrap();
     let want = Runner::default()
-        .forward_weights(
-            &owned[1].cfg,
-            &w,
-            &x,
-            &[0, 6],
-            &mut c,
-            InitialCaches::Zero,
-            kda_host::Mode::Chunked,
-        )
+        .forward(&kda, &x, &[0, 6], &mut c, InitialCaches::Zero)
         .unwrap();
     assert_eq!(kda_host::io::read_output(&out).unwrap().0, want);
 }

@@ -1,7 +1,7 @@
 //! Weights repacked into the panel layout give bitwise the same layer as the row-major
 //! checkpoint layout: prefill (every mode), decode, caches, on 1 and 2 threads.
 
-use kda_core::{InitialCaches, KdaConfig, KdaWeights};
+use kda_core::{ForwardOptions, InitialCaches, KdaConfig, KdaLayer, KdaWeights};
 use kda_host::rng::Rng;
 use kda_host::{Mode, OwnedLayer, Panels, Runner, SequenceCaches, WeightDtype};
 
@@ -20,13 +20,14 @@ fn run(
     pool.install(|| {
         let mut runner = Runner::new(40);
         let mut caches = SequenceCaches::new(cfg, cu.len() - 1).unwrap();
+        let layer = KdaLayer::new(cfg, *w, ForwardOptions::default().with_mode(mode)).unwrap();
         let y = runner
-            .forward_weights(cfg, w, x, cu, &mut caches, InitialCaches::Zero, mode)
+            .forward(&layer, x, cu, &mut caches, InitialCaches::Zero)
             .unwrap();
         let mut steps = Vec::new();
         for s in 0..3 {
             let step = Rng::new(3 + s).normals((cu.len() - 1) * cfg.hidden, 1.0);
-            steps.extend(runner.decode_weights(cfg, w, &step, &mut caches).unwrap());
+            steps.extend(runner.decode(&layer, &step, &mut caches).unwrap());
         }
         (y, steps, caches)
     })

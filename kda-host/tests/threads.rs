@@ -1,6 +1,6 @@
 //! The layer gives bitwise the same result for any number of threads, in every mode.
 
-use kda_core::{InitialCaches, KdaConfig};
+use kda_core::{ForwardOptions, InitialCaches, KdaConfig};
 use kda_host::rng::Rng;
 use kda_host::{Mode, OwnedLayer, Runner, SequenceCaches, WeightDtype};
 
@@ -19,12 +19,15 @@ fn run(
         let cfg = layer.cfg;
         let mut runner = Runner::new(48);
         let mut caches = SequenceCaches::new(&cfg, cu.len() - 1).unwrap();
-        let w = layer.weights().unwrap();
+        let kda = layer
+            .kda_layer(ForwardOptions::default().with_mode(mode))
+            .unwrap();
         let y = runner
-            .forward_weights(&cfg, &w, x, cu, &mut caches, InitialCaches::Zero, mode)
+            .forward(&kda, x, cu, &mut caches, InitialCaches::Zero)
             .unwrap();
         let step = Rng::new(3).normals((cu.len() - 1) * cfg.hidden, 1.0);
-        let d = runner.decode(layer, &step, &mut caches).unwrap();
+        let recurrent = layer.kda_layer(ForwardOptions::recurrent()).unwrap();
+        let d = runner.decode(&recurrent, &step, &mut caches).unwrap();
         (y, d, caches)
     })
 }

@@ -1,8 +1,8 @@
 //! Bad input is an `Err` naming the argument — never a panic — and NaN propagates.
 
 use kda_core::{
-    decode_step, forward, forward_workspace_len, validate_offsets, CachesMut, DecayGate, GateProj,
-    InitialCaches, KdaConfig, KdaError,
+    forward_workspace_len, validate_offsets, Batch, CachesMut, DecayGate, ForwardOptions, GateProj,
+    InitialCaches, KdaConfig, KdaError, KdaLayer, Serial,
 };
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
@@ -24,15 +24,17 @@ fn run(
     let w = layer.weights()?;
     let mut out = vec![0.0; out_len];
     let mut ws = vec![0.0; ws_len];
-    forward(
-        cfg,
-        &w,
+    let batch = Batch {
         x,
-        cu,
+        cu_seqlens: cu,
+        out: &mut out,
+    };
+    KdaLayer::new(cfg, w, ForwardOptions::default())?.forward(
+        batch,
         caches.as_mut(),
         InitialCaches::Zero,
-        &mut out,
         &mut ws,
+        &Serial,
     )?;
     Ok(out)
 }
@@ -95,20 +97,17 @@ fn every_length_mismatch_names_its_argument() {
 fn nothing_is_written_when_validation_fails() {
     let (cfg, layer) = setup();
     let w = layer.weights().unwrap();
+    let kda = KdaLayer::new(&cfg, w, ForwardOptions::default()).unwrap();
     let mut c = SequenceCaches::new(&cfg, 1).unwrap();
     c.recurrent.fill(7.0);
     let mut out = vec![3.0; 24];
     let mut ws = vec![0.0; forward_workspace_len(&cfg, 1).unwrap()];
-    let e = forward(
-        &cfg,
-        &w,
-        &[0.0; 24],
-        &[0, 1],
-        c.as_mut(),
-        InitialCaches::Zero,
-        &mut out,
-        &mut ws,
-    );
+    let batch = Batch {
+        x: &[0.0; 24],
+        cu_seqlens: &[0, 1],
+        out: &mut out,
+    };
+    let e = kda.forward(batch, c.as_mut(), InitialCaches::Zero, &mut ws, &Serial);
     assert!(e.is_err());
     assert!(c.recurrent.iter().all(|&v| v == 7.0));
     assert!(out.iter().all(|&v| v == 3.0));
@@ -235,19 +234,22 @@ fn bad_configs_are_errors() {
 fn nan_in_nan_out_and_no_panic() {
     let (cfg, layer) = setup();
     let w = layer.weights().unwrap();
+    let kda = KdaLayer::new(&cfg, w, ForwardOptions::recurrent()).unwrap();
     let mut x = Rng::new(4).normals(2 * 12, 1.0);
     x[5] = f32::NAN;
     let mut c = SequenceCaches::new(&cfg, 2).unwrap();
     let mut out = vec![0.0; x.len()];
     let mut ws = vec![0.0; forward_workspace_len(&cfg, 2).unwrap()];
-    decode_step(&cfg, &w, &x, c.as_mut(), &mut out, &mut ws).unwrap();
+    kda.decode_step(&x, &mut out, c.as_mut(), &mut ws, &Serial)
+        .unwrap();
     // Sequence 0's row had a NaN: its output is NaN; sequence 1 is untouched by it.
     assert!(out[..12].iter().all(|v| v.is_nan()));
     assert!(out[12..].iter().all(|v| v.is_finite()));
     // Infinite and huge inputs, extreme caches: still no panic.
     let x = vec![f32::INFINITY; 24];
     c.recurrent.fill(f32::MAX);
-    decode_step(&cfg, &w, &x, c.as_mut(), &mut out, &mut ws).unwrap();
+    kda.decode_step(&x, &mut out, c.as_mut(), &mut ws, &Serial)
+        .unwrap();
     // A decode step with zero sequences is a no-op.
     let mut empty = CachesMut {
         recurrent: &mut [],
@@ -255,5 +257,6 @@ fn nan_in_nan_out_and_no_panic() {
         conv_k: &mut [],
         conv_v: &mut [],
     };
-    decode_step(&cfg, &w, &[], empty.reborrow(), &mut [], &mut ws).unwrap();
+    kda.decode_step(&[], &mut [], empty.reborrow(), &mut ws, &Serial)
+        .unwrap();
 }

@@ -161,14 +161,14 @@ fn components_inside_the_layer_match_the_intermediates() {
         let mut low = vec![0.0; t_len * k];
         let mut g = vec![0.0; t_len * d];
         if let kda_core::GateWeights::LowRank { down, up } = w.decay_proj {
-            linear::linear(&x, &down, &mut low).unwrap();
-            linear::linear(&low, &up, &mut g).unwrap();
+            linear(&x, &down, &mut low).unwrap();
+            linear(&low, &up, &mut g).unwrap();
         }
         gate::decay_gate(&mut g, cfg.decay_gate, w.a_log, w.dt_bias, h, k).unwrap();
         let e = rel_rms(&g, &fx.f32("inter.g"));
         assert!(e <= TOL, "{name}: g rel-RMS {e:.2e}");
         let mut beta = vec![0.0; t_len * h];
-        linear::linear(&x, &w.b_proj, &mut beta).unwrap();
+        linear(&x, &w.b_proj, &mut beta).unwrap();
         gate::beta_sigmoid(&mut beta);
         let e = rel_rms(&beta, &fx.f32("inter.beta"));
         assert!(e <= TOL, "{name}: beta rel-RMS {e:.2e}");
@@ -189,7 +189,7 @@ fn components_inside_the_layer_match_the_intermediates() {
         let convs = [w.q_conv, w.k_conv, w.v_conv];
         let mut scratch = vec![0.0; conv::short_conv_prefill_scratch(cfg.conv_width)];
         for i in 0..3 {
-            linear::linear(&x, &mats[i], &mut qkv[i]).unwrap();
+            linear(&x, &mats[i], &mut qkv[i]).unwrap();
             for n in 0..cu.len() - 1 {
                 conv::short_conv_prefill(
                     &mut qkv[i][cu[n] * d..cu[n + 1] * d],

@@ -5,8 +5,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kda_core::{
-    decode_step, forward_with, workspace_len, ForwardOptions, InitialCaches, KdaConfig, Mode,
-    Serial,
+    workspace_len, Batch, ForwardOptions, InitialCaches, KdaConfig, KdaLayer, Mode, Serial,
 };
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
@@ -58,29 +57,26 @@ fn forward_and_decode_allocate_nothing() {
         let before = ALLOCS.load(Ordering::SeqCst);
         for o in &opts {
             let init = InitialCaches::Zero;
-            forward_with(
-                &cfg,
-                &w,
-                &x,
-                &cu,
+            let batch = Batch {
+                x: &x,
+                cu_seqlens: &cu,
+                out: &mut out,
+            };
+            KdaLayer::new(&cfg, w, *o)
+                .unwrap()
+                .forward(batch, caches.as_mut(), init, &mut ws, &Serial)
+                .unwrap();
+        }
+        KdaLayer::new(&cfg, w, ForwardOptions::recurrent())
+            .unwrap()
+            .decode_step(
+                &x[..2 * cfg.hidden],
+                &mut out[..2 * cfg.hidden],
                 caches.as_mut(),
-                init,
-                &mut out,
                 &mut ws,
-                o,
                 &Serial,
             )
             .unwrap();
-        }
-        decode_step(
-            &cfg,
-            &w,
-            &x[..2 * cfg.hidden],
-            caches.as_mut(),
-            &mut out[..2 * cfg.hidden],
-            &mut ws,
-        )
-        .unwrap();
         let during = ALLOCS.load(Ordering::SeqCst) - before;
         assert_eq!(during, 0, "the layer allocated {during} times");
         assert!(out.iter().all(|v| v.is_finite()));

@@ -116,8 +116,11 @@ fn random_positions(cu: &[usize], rng: &mut Rng) -> Vec<SnapshotPos> {
     let mut at = Vec::new();
     for (seq, p) in cu.windows(2).enumerate() {
         let len = p[1] - p[0];
+        if len == 0 {
+            continue;
+        }
         let mut pos = 0;
-        while len > 0 {
+        loop {
             pos += 1 + (rng.next_u64() % 23) as usize;
             if pos > len {
                 break;
@@ -157,7 +160,7 @@ fn snapshots_equal_prefix_runs_and_resuming_equals_the_full_run() {
                 ..ForwardOptions::default()
             };
             let layer = owned.kda_layer(opts).unwrap();
-            let every = vec![
+            let every = [
                 {
                     let mut v = vec![
                         SnapshotPos { seq: 0, pos: 0 };

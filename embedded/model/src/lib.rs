@@ -4,9 +4,9 @@
 //! (rank 16), full-rank output gate; weights in flash ([`weights`], generated from a seed). Each
 //! run goes through both decay-gate forms (lower bound −5, then softplus) with the same weights:
 //! a prefill of [`T_PREFILL`] tokens, then [`T_DECODE`] decode steps. The float paths call
-//! [`kda_core::forward_with`] / [`kda_core::decode_step_with`] with the portable kernels (the
-//! only ones a Cortex-M has), so the host runs exactly the firmware's code; the integer path
-//! runs every token through [`kda_core::decode_step_fixed`].
+//! [`kda_core::KdaLayer::forward`] / [`kda_core::KdaLayer::decode_step`] with the portable
+//! kernels (the only ones a Cortex-M has), so the host runs exactly the firmware's code; the
+//! integer path runs every token through [`kda_core::decode_step_fixed`].
 #![no_std]
 #![deny(missing_docs)]
 
@@ -17,8 +17,8 @@ pub mod weights;
 
 use kda_core::fixed::{self, FixedCachesMut};
 use kda_core::{
-    decode_step_with, forward_with, CachesMut, Data, DecayGate, ForwardOptions, GateProj,
-    GateWeights, InitialCaches, Isa, KdaConfig, KdaError, KdaWeights, MatRef, Serial,
+    Batch, CachesMut, Data, DecayGate, ForwardOptions, GateProj, GateWeights, InitialCaches, Isa,
+    KdaConfig, KdaError, KdaLayer, KdaWeights, MatRef, Serial,
 };
 use synth::{CONV, D, HEADS, HEAD_DIM, HIDDEN, RANK};
 
@@ -126,7 +126,7 @@ pub const STATE: usize = HEADS * HEAD_DIM * HEAD_DIM;
 pub const CONV_STATE: usize = D * (CONV - 1);
 /// f32 workspace of the float runs (a prefill block of [`T_PREFILL`] tokens, chunked; checked
 /// against `forward_workspace_len` at run time).
-pub const WS_F32: usize = 7875;
+pub const WS_F32: usize = 4848;
 /// i32 workspace of the integer run (`fixed_workspace_len`).
 pub const WS_FIXED: usize = 194;
 /// i32 parameters of the integer run (`fixed::params_len`).
@@ -223,6 +223,7 @@ pub fn run_float(
                 actual: b.ws.len(),
             });
         }
+        let layer = KdaLayer::new(&cfg, *w, opts)?;
         for t in 0..T_PREFILL {
             input_f32(t, &mut b.x[t * HIDDEN..(t + 1) * HIDDEN]);
         }
@@ -234,18 +235,12 @@ pub fn run_float(
             conv_v: cv,
         };
         sink.start();
-        forward_with(
-            &cfg,
-            w,
-            &b.x,
-            &[0, T_PREFILL],
-            caches,
-            InitialCaches::Zero,
-            &mut b.out,
-            &mut b.ws,
-            &opts,
-            &Serial,
-        )?;
+        let batch = Batch {
+            x: &b.x,
+            cu_seqlens: &[0, T_PREFILL],
+            out: &mut b.out,
+        };
+        layer.forward(batch, caches, InitialCaches::Zero, &mut b.ws, &Serial)?;
         sink.stop(gate, Phase::Prefill, T_PREFILL - 1);
         sink.out_f32(gate, 0..T_PREFILL, &b.out);
         for t in T_PREFILL..T_ALL {
@@ -258,14 +253,11 @@ pub fn run_float(
                 conv_v: cv,
             };
             sink.start();
-            decode_step_with(
-                &cfg,
-                w,
+            layer.decode_step(
                 &b.x[..HIDDEN],
-                caches,
                 &mut b.out[..HIDDEN],
+                caches,
                 &mut b.ws,
-                Some(Isa::Portable),
                 &Serial,
             )?;
             sink.stop(gate, Phase::Decode, t);

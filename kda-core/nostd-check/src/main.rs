@@ -4,8 +4,8 @@
 #![no_main]
 
 use kda_core::{
-    decode_step, forward, forward_workspace_len, CachesMut, Data, GateWeights, InitialCaches,
-    KdaConfig, KdaWeights, MatRef,
+    forward_workspace_len, Batch, CachesMut, Data, ForwardOptions, GateWeights, InitialCaches,
+    KdaConfig, KdaLayer, KdaWeights, MatRef, Serial,
 };
 
 #[link(name = "c")]
@@ -101,6 +101,7 @@ fn run() -> Result<bool, kda_core::KdaError> {
         o_norm: Data::F32(&norm),
         o_proj: MatRef::new("o", Data::F32(&o), HD, D)?,
     };
+    let layer = KdaLayer::new(&cfg, w, ForwardOptions::default())?;
     let mut x = [0f32; T * HD];
     fill(&mut x, &mut s, 1.0);
     let mut ws = [0f32; WS];
@@ -127,16 +128,12 @@ fn run() -> Result<bool, kda_core::KdaError> {
         conv_k: &mut c2,
         conv_v: &mut c3,
     };
-    forward(
-        &cfg,
-        &w,
-        &x,
-        &[0, T],
-        caches,
-        InitialCaches::Zero,
-        &mut out,
-        &mut ws,
-    )?;
+    let batch = Batch {
+        x: &x,
+        cu_seqlens: &[0, T],
+        out: &mut out,
+    };
+    layer.forward(batch, caches, InitialCaches::Zero, &mut ws, &Serial)?;
 
     let (mut st2, mut d1, mut d2, mut d3) = (
         [0f32; H * K * K],
@@ -152,13 +149,12 @@ fn run() -> Result<bool, kda_core::KdaError> {
             conv_k: &mut d2,
             conv_v: &mut d3,
         };
-        decode_step(
-            &cfg,
-            &w,
+        layer.decode_step(
             &x[t * HD..(t + 1) * HD],
-            caches,
             &mut steps[t * HD..(t + 1) * HD],
+            caches,
             &mut ws,
+            &Serial,
         )?;
     }
     Ok(out == steps && st == st2 && out.iter().all(|v| v.is_finite()))

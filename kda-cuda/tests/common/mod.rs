@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use kda_core::{
-    bf16, CachesMut, Data, DecayGate, ForwardOptions, GateProj, GateWeights, InitialCaches,
-    KdaConfig, KdaWeights, MatRef, Serial,
+    bf16, Batch, CachesMut, Data, DecayGate, ForwardOptions, GateProj, GateWeights, InitialCaches,
+    KdaConfig, KdaLayer, KdaWeights, MatRef, Serial,
 };
 
 /// A small deterministic generator (LCG), uniform in [-1, 1).
@@ -194,19 +194,15 @@ pub fn cpu_forward(
     let t = x.len() / cfg.hidden;
     let mut ws = vec![0.0; kda_core::workspace_len(cfg, &opts, t.max(1), 1).unwrap()];
     let mut out = vec![0.0; x.len()];
-    kda_core::forward_with(
-        cfg,
-        &layer.weights(),
+    let batch = Batch {
         x,
-        cu,
-        caches.as_mut(),
-        init,
-        &mut out,
-        &mut ws,
-        &opts,
-        &Serial,
-    )
-    .unwrap();
+        cu_seqlens: cu,
+        out: &mut out,
+    };
+    KdaLayer::new(cfg, layer.weights(), opts)
+        .unwrap()
+        .forward(batch, caches.as_mut(), init, &mut ws, &Serial)
+        .unwrap();
     out
 }
 
@@ -216,7 +212,10 @@ pub fn cpu_decode(layer: &Layer, x: &[f32], caches: &mut Caches) -> Vec<f32> {
     let n = x.len() / cfg.hidden;
     let mut ws = vec![0.0; kda_core::decode_workspace_len(cfg, n.max(1)).unwrap()];
     let mut out = vec![0.0; x.len()];
-    kda_core::decode_step(cfg, &layer.weights(), x, caches.as_mut(), &mut out, &mut ws).unwrap();
+    KdaLayer::new(cfg, layer.weights(), ForwardOptions::recurrent())
+        .unwrap()
+        .decode_step(x, &mut out, caches.as_mut(), &mut ws, &Serial)
+        .unwrap();
     out
 }
 
