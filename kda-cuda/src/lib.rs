@@ -90,6 +90,7 @@ mod gemm;
 mod host;
 pub mod kernels;
 mod launch;
+pub mod libs;
 mod module_cache;
 pub mod nvrtc;
 mod params;
