@@ -72,12 +72,42 @@ impl CudaLibrary {
         }
     }
 
-    /// Libraries of the same folder and version that must be loaded before this one (its
-    /// `DT_NEEDED` entries that the loader would otherwise look for on its own path only).
-    fn companions(self, major: u32) -> Vec<String> {
+    /// Files beside `found` that must be loaded before it, because the library asks the loader
+    /// for them by name and the loader would look only on its own path: `libcublasLt.so.N`
+    /// (a `DT_NEEDED` of cuBLAS) and NVRTC's `libnvrtc-builtins.so.N.M` (opened by NVRTC at
+    /// its first compile; the CUDA 13.0 wheel's NVRTC has no `$ORIGIN` run path to find it).
+    pub fn companions(self, found: &Found) -> Vec<PathBuf> {
+        let Some(dir) = found.path.parent() else {
+            return Vec::new();
+        };
         match self {
-            CudaLibrary::Cublas => vec![format!("libcublasLt.so.{major}")],
-            _ => Vec::new(),
+            CudaLibrary::Driver => Vec::new(),
+            CudaLibrary::Cublas => {
+                let lt = dir.join(format!("libcublasLt.so.{}", found.major));
+                if lt.is_file() {
+                    vec![lt]
+                } else {
+                    Vec::new()
+                }
+            }
+            CudaLibrary::Nvrtc => {
+                let prefix = format!("libnvrtc-builtins.so.{}.", found.major);
+                let Ok(entries) = std::fs::read_dir(dir) else {
+                    return Vec::new();
+                };
+                let mut v: Vec<PathBuf> = entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| {
+                        e.file_name()
+                            .to_str()
+                            .is_some_and(|n| n.starts_with(&prefix))
+                    })
+                    .map(|e| e.path())
+                    .filter(|p| p.is_file())
+                    .collect();
+                v.sort();
+                v
+            }
         }
     }
 
@@ -267,12 +297,8 @@ pub fn prepare(lib: CudaLibrary, max_major: Option<u32>) -> Prepared {
 
 /// Opens the companions found beside `found`, then `found`, and keeps them open for good.
 fn open_with_companions(lib: CudaLibrary, found: &Found) -> Result<(), String> {
-    let dir = found.path.parent().unwrap_or(Path::new("."));
-    for name in lib.companions(found.major) {
-        let path = dir.join(&name);
-        if path.is_file() {
-            open_global(&path)?;
-        }
+    for path in lib.companions(found) {
+        open_global(&path)?;
     }
     open_global(&found.path)
 }
@@ -532,6 +558,23 @@ mod tests {
         let m = not_found_message(CudaLibrary::Cublas, Some(12), &none);
         assert!(m.starts_with("libcublas.so.12 could not"), "{m}");
         assert!(m.contains("none of them exists"), "{m}");
+    }
+
+    #[test]
+    fn companions_are_the_builtins_and_cublaslt_of_the_same_version() {
+        let t = Tree::new();
+        let nvrtc = t.file("lib/libnvrtc.so.13");
+        let builtins = t.file("lib/libnvrtc-builtins.so.13.0");
+        t.file("lib/libnvrtc-builtins.alt.so.13.0");
+        t.file("lib/libnvrtc-builtins.so.12.8");
+        let blas = t.file("lib/libcublas.so.13");
+        let lt = t.file("lib/libcublasLt.so.13");
+        t.file("lib/libcublasLt.so.12");
+        let found = |path: PathBuf| Found { path, major: 13 };
+        assert_eq!(CudaLibrary::Nvrtc.companions(&found(nvrtc)), vec![builtins]);
+        assert_eq!(CudaLibrary::Cublas.companions(&found(blas)), vec![lt]);
+        let alone = t.file("other/libcublas.so.13");
+        assert!(CudaLibrary::Cublas.companions(&found(alone)).is_empty());
     }
 
     #[test]
