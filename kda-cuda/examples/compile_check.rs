@@ -46,6 +46,13 @@ fn main() -> ExitCode {
     } else {
         args
     };
+    let dirs = kda_cuda::libs::SearchDirs::from_env();
+    for lib in kda_cuda::libs::CudaLibrary::ALL {
+        match kda_cuda::libs::find(lib, &dirs.dirs, None) {
+            Some(f) => println!("{}: {}", lib.stem(), f.path.display()),
+            None => println!("{}: not in the searched folders", lib.stem()),
+        }
+    }
     match nvrtc::version() {
         Ok((major, minor)) => {
             let files = kda_cuda::libs::loaded_files();
