@@ -250,7 +250,7 @@ pub fn find(lib: CudaLibrary, dirs: &[PathBuf], max_major: Option<u32>) -> Optio
     dirs.iter().find_map(|dir| {
         names.iter().find_map(|(name, major)| {
             let path = dir.join(name);
-            path.is_file().then(|| Found {
+            path.is_file().then_some(Found {
                 path,
                 major: *major,
             })
