@@ -13,7 +13,9 @@
 # fails unless that exact NVRTC version was loaded (KDA_EXPECT_NVRTC).
 #
 # Fails (non-zero exit) on any compile error or warning, on a kernel missing from the PTX, or on
-# a forbidden register spill; prints PTX/CUBIN sizes and per-kernel register use.
+# a forbidden register spill; prints PTX/CUBIN sizes and per-kernel register use. Last, it checks
+# that no driver / NVRTC / cuBLAS entry point the executables reach is missing from CUDA 12
+# (kda-cuda/scripts/cuda12-symbols.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,3 +52,6 @@ echo "--- NVRTC 13.0: sm_90 sm_100"
 dir13=$(install nvidia-cuda-nvrtc 13.0.88 nvidia/cu13/lib/libnvrtc.so.13)
 env -u LD_LIBRARY_PATH -u KDA_CUDA_LIB_DIR KDA_EXPECT_NVRTC=13.0 \
     KDA_CUDA_PYTHON_SITE="$dir13" "$BIN" sm_90 sm_100
+
+echo "--- CUDA 12 compatibility of the CUDA 13.0 bindings: entry points the executables reach"
+bash kda-cuda/scripts/cuda12-symbols.sh

@@ -82,8 +82,8 @@
 //!   toolkit found then), so the CUDA 13.0 bindings it is.
 //! * Those bindings also name a few driver entry points that only CUDA 13 drivers export. None
 //!   of them is reached: every driver, NVRTC and cuBLAS symbol the crate's tests and bench
-//!   resolve also exists in the CUDA 12.0 bindings (checked on the built executables), so a CUDA
-//!   12 driver serves them.
+//!   resolve also exists in the CUDA 12.0 bindings (`scripts/cuda12-symbols.sh` reads them off
+//!   the built executables; CI runs it), so a CUDA 12 driver serves them.
 //! * [`libs`] finds the libraries in places the loader does not search — a Python
 //!   environment's `site-packages/nvidia/*/lib` (the `nvidia-*` wheels: `nvidia/cu13/lib` for
 //!   CUDA 13, `nvidia/cuda_nvrtc/lib` and `nvidia/cublas/lib` for CUDA 12), `CUDA_HOME`, the

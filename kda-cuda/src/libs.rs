@@ -14,7 +14,9 @@
 //! life of the process. When cudarc later asks the loader for `libnvrtc.so.13`, the loader
 //! answers with the library already loaded under that soname. When nothing is found, cudarc
 //! still tries its own names on the loader path, and the error names every folder searched
-//! ([`not_found_message`]).
+//! ([`not_found_message`]). One case escapes the choice: cudarc tries the unversioned `libX.so`
+//! first, so a toolkit's development link (`/usr/local/cuda/lib64/libnvrtc.so`) on the loader's
+//! path is used in preference; [`loaded_files`] shows which files a run really used.
 //!
 //! Environment variables read:
 //!
