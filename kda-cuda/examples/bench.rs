@@ -182,6 +182,16 @@ fn copy_gbps() -> Result<f64, String> {
     Ok((2 * n * iters) as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
 
+/// Prints the newest row at once, so a run cut short (time limit) still reports it.
+fn measured(rows: &[Row]) {
+    if let Some(r) = rows.last() {
+        println!(
+            "measured: {} | {} | {} tokens | {:.3} ms",
+            r.case, r.mode, r.tokens, r.ms
+        );
+    }
+}
+
 fn time<F>(be: &mut CudaBackend, iters: usize, mut f: F) -> Result<f64, CudaError>
 where
     F: FnMut(&mut CudaBackend) -> Result<(), CudaError>,
@@ -245,6 +255,7 @@ fn prefill(
         ms,
         min_bytes: None,
     });
+    measured(rows);
     Ok(())
 }
 
@@ -273,6 +284,7 @@ fn decode(
         ms,
         min_bytes: Some(weight_bytes(&c) + batch as f64 * state_bytes_per_seq(&c)),
     });
+    measured(rows);
     Ok(())
 }
 

@@ -252,8 +252,9 @@ prebuilt() {
         echo "## Every fla fixture on the GPU: rel-RMS against fla and against the CPU backend"
         echo
         if grep -q '^| layer_' "$work/device_vs_cpu.log" 2>/dev/null; then
-            grep -E '^\| (fixture|---|layer_)' "$work/device_vs_cpu.log"
-            grep -h '^GPU fixtures:' "$work/device_vs_cpu.log"
+            grep -E '^\|(---| fixture | layer_)' "$work/device_vs_cpu.log"
+            echo
+            grep -h -E '^GPU fixtures:|panicked' -A1 "$work/device_vs_cpu.log"
         else
             echo "not measured ($(grep -m1 -o 'skipped: no CUDA device' "$work/device_vs_cpu.log" 2>/dev/null || echo 'see gpu-check.log'))"
         fi
@@ -261,13 +262,13 @@ prebuilt() {
         echo "## Conformance table, every backend against fla (layer_fixtures)"
         echo
         echo '```'
-        grep -E '^cuda|worst|skipped' "$work/layer_fixtures.log" 2>/dev/null | head -40
+        grep -E '^cuda|worst|skipped|panicked|rel-RMS' "$work/layer_fixtures.log" 2>/dev/null | head -40
         echo '```'
         echo
         echo "## GPU against CPU on random layers (kda-cuda tests/gpu.rs)"
         echo
         echo '```'
-        grep -E 'rel-RMS|out [0-9]|^cuda:|skipped|unsupported' "$work/gpu.log" 2>/dev/null | head -60
+        grep -E 'rel-RMS|out [0-9]|cuda:|skipped|unsupported|panicked' "$work/gpu.log" 2>/dev/null | head -60
         echo '```'
         echo
         echo "## Speed (bench)"
@@ -275,7 +276,7 @@ prebuilt() {
         if grep -q '^| case' "$work/bench.log" 2>/dev/null; then
             sed -n '/^| case/,$p' "$work/bench.log"
         else
-            grep -m1 -E 'skipped|FAILED' "$work/bench.log" 2>/dev/null || echo "not measured"
+            grep -E '^measured: |skipped|FAILED' "$work/bench.log" 2>/dev/null || echo "not measured"
         fi
     } > "$results"
     rm -rf "$work"
