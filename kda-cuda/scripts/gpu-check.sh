@@ -88,7 +88,9 @@ build_only() {
     local list
     list=$(mktemp)
     echo "building release test executables and the bench example ..."
-    { cargo test --release -p kda-cuda -p kda-conformance --no-run --message-format=json &&
+    { cargo test --release -p kda-cuda --no-run --message-format=json &&
+      cargo test --release -p kda-conformance --test layer_fixtures --test device_vs_cpu --no-run \
+          --message-format=json &&
       cargo build --release -p kda-cuda --example bench --example compile_check \
           --message-format=json; } \
         | executables > "$list" || { rm -f "$list"; die "build failed"; }
