@@ -1,6 +1,12 @@
 //! GPU benchmark of the KDA layer: prefill (T = 8192, H = 96, K = 128, bf16; one sequence and
 //! packed variable lengths; chunked and, for reference, token-by-token) and decode (batch 1
-//! and 64). Prints a table; exits 0 without measuring when there is no GPU.
+//! and 64). Prints markdown tables; exits 0 without measuring when there is no GPU.
+//!
+//! Decode is also stated in µs per step and as a fraction of memory bandwidth for the bytes a
+//! step must move at least: the recurrent and conv states (read and written) and the weights
+//! (read once per step for the whole batch). Two bandwidths: the datasheet figure of the GPU
+//! when its name is known (`--hbm-gbps N` overrides), and a device-to-device copy measured in
+//! the same run.
 //!
 //! ```text
 //! cargo run --release -p kda-cuda --example bench [-- --quick]
@@ -119,6 +125,71 @@ struct Row {
     mode: String,
     tokens: usize,
     ms: f64,
+    /// Bytes a decode step must move (states read + written, weights read); `None` for prefill.
+    min_bytes: Option<f64>,
+}
+
+/// Bytes of weights one decode step reads (bf16 matrices, f32 conv / norm / gate vectors).
+fn weight_bytes(c: &KdaConfig) -> f64 {
+    let (hd, d, h, w) = (c.hidden, c.proj_dim(), c.heads, c.conv_width);
+    let rank = c.decay_proj.rank();
+    let bf16_elems = 5 * d * hd + rank * hd + d * rank + h * hd;
+    let f32_elems = 3 * d * w + h + d + c.head_dim;
+    (2 * bf16_elems + 4 * f32_elems) as f64
+}
+
+/// Bytes of state one sequence's decode step reads and writes (recurrent + conv, f32).
+fn state_bytes_per_seq(c: &KdaConfig) -> f64 {
+    let recurrent = c.heads * c.head_dim * c.head_dim;
+    let conv = 3 * c.proj_dim() * (c.conv_width - 1);
+    (2 * 4 * (recurrent + conv)) as f64
+}
+
+/// Datasheet HBM bandwidth in GB/s for known GPU names (most specific first).
+fn datasheet_gbps(name: &str) -> Option<(f64, &'static str)> {
+    const KNOWN: [(&str, f64, &str); 6] = [
+        ("H200", 4800.0, "H200 datasheet"),
+        ("H100 PCIe", 2000.0, "H100 PCIe datasheet"),
+        ("H100", 3350.0, "H100 SXM datasheet"),
+        ("H20", 4000.0, "H20 datasheet"),
+        ("A100-SXM4-80GB", 2039.0, "A100 80GB SXM datasheet"),
+        ("A100", 1555.0, "A100 40GB datasheet"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(k, _, _)| name.contains(k))
+        .map(|&(_, g, what)| (g, what))
+}
+
+/// Device-to-device copy bandwidth (GB/s, bytes read + written) on 1 GiB buffers.
+fn copy_gbps() -> Result<f64, String> {
+    let err = |e: cudarc::driver::DriverError| e.to_string();
+    let ctx = cudarc::driver::CudaContext::new(0).map_err(err)?;
+    let stream = ctx.new_stream().map_err(err)?;
+    let n = 1usize << 30;
+    let src = stream.alloc_zeros::<u8>(n).map_err(err)?;
+    let mut dst = stream.alloc_zeros::<u8>(n).map_err(err)?;
+    for _ in 0..2 {
+        stream.memcpy_dtod(&src, &mut dst).map_err(err)?;
+    }
+    stream.synchronize().map_err(err)?;
+    let iters = 10;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        stream.memcpy_dtod(&src, &mut dst).map_err(err)?;
+    }
+    stream.synchronize().map_err(err)?;
+    Ok((2 * n * iters) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Prints the newest row at once, so a run cut short (time limit) still reports it.
+fn measured(rows: &[Row]) {
+    if let Some(r) = rows.last() {
+        println!(
+            "measured: {} | {} | {} tokens | {:.3} ms",
+            r.case, r.mode, r.tokens, r.ms
+        );
+    }
 }
 
 fn time<F>(be: &mut CudaBackend, iters: usize, mut f: F) -> Result<f64, CudaError>
@@ -182,7 +253,9 @@ fn prefill(
         mode: format!("{mode:?} C={chunk}"),
         tokens: t,
         ms,
+        min_bytes: None,
     });
+    measured(rows);
     Ok(())
 }
 
@@ -209,12 +282,20 @@ fn decode(
         mode: "fused step".into(),
         tokens: batch,
         ms,
+        min_bytes: Some(weight_bytes(&c) + batch as f64 * state_bytes_per_seq(&c)),
     });
+    measured(rows);
     Ok(())
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let hbm_override = args
+        .iter()
+        .position(|a| a == "--hbm-gbps")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse::<f64>().ok());
     let mut be = match CudaBackend::new(0) {
         Ok(be) => be,
         Err(e) => {
@@ -231,6 +312,9 @@ fn main() {
         d.total_memory_bytes as f64 / (1u64 << 30) as f64,
         be.shared_memory_per_block() / 1024
     );
+    for f in kda_cuda::libs::loaded_files() {
+        println!("library: {}", f.display());
+    }
     let t = 8192;
     let packed: Vec<usize> = {
         let lens = [1usize, 7, 64, 100, 500, 1000, 2000, 4520];
@@ -326,10 +410,47 @@ fn main() {
             r.tokens as f64 / (r.ms / 1e3)
         );
     }
-    // Decode moves the whole recurrent state twice (read + write) per step.
-    let state_bytes = 96 * 128 * 128 * 4;
-    for r in rows.iter().filter(|r| r.case.starts_with("decode")) {
-        let gbs = (2 * state_bytes * r.tokens) as f64 / (r.ms / 1e3) / 1e9;
-        println!("{}: recurrent-state traffic {:.0} GB/s", r.case, gbs);
+    println!();
+    println!(
+        "Published, same shape (T = 8192, H = 96, K = V = 128, bf16), on an H20 (4.0 TB/s HBM3, \
+         148 dense bf16 TFLOP/s; an H200 has 4.8 TB/s and 989): fla chunk_kda 4.51 ms, \
+         FlashKDA 2.62 ms. They time the delta-rule kernel alone: compare the \"core\" rows."
+    );
+    decode_bandwidth(&rows, &d.name, hbm_override);
+}
+
+/// The decode rows in µs per step and as fractions of the datasheet and measured bandwidths.
+fn decode_bandwidth(rows: &[Row], name: &str, hbm_override: Option<f64>) {
+    let datasheet = hbm_override
+        .map(|g| (g, "--hbm-gbps"))
+        .or_else(|| datasheet_gbps(name));
+    let copy = copy_gbps();
+    println!();
+    match &copy {
+        Ok(g) => println!("device-to-device copy, 1 GiB, read + write: {g:.0} GB/s"),
+        Err(e) => println!("device-to-device copy: FAILED: {e}"),
+    }
+    match datasheet {
+        Some((g, what)) => println!("HBM bandwidth: {g:.0} GB/s ({what})"),
+        None => println!("HBM bandwidth: unknown for \"{name}\" (pass --hbm-gbps N)"),
+    }
+    println!();
+    println!(
+        "| decode | µs / step | state + weight bytes / step | GB/s | of HBM | of measured copy |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let Some(bytes) = r.min_bytes else { continue };
+        let gbs = bytes / (r.ms / 1e3) / 1e9;
+        let frac =
+            |g: Option<f64>| g.map_or("-".to_owned(), |g| format!("{:.0} %", 100.0 * gbs / g));
+        println!(
+            "| {} | {:.1} | {:.1} MB | {gbs:.0} | {} | {} |",
+            r.case,
+            r.ms * 1e3,
+            bytes / 1e6,
+            frac(datasheet.map(|(g, _)| g)),
+            frac(copy.as_ref().ok().copied()),
+        );
     }
 }

@@ -3,8 +3,10 @@
 //! warning, on a kernel the Rust side loads that the PTX lacks, or on a register spill in a
 //! kernel that must not spill.
 //!
-//! Needs only `libnvrtc` on the loader path (e.g. the `nvidia-cuda-nvrtc-cu12` wheel's lib
-//! directory in `LD_LIBRARY_PATH`); see `.ci/cuda-compile-check.sh`.
+//! Needs only `libnvrtc` (12 or 13) where `kda_cuda::libs` finds it: `KDA_CUDA_LIB_DIR`,
+//! `LD_LIBRARY_PATH`, a Python environment's `nvidia/*/lib` (`KDA_CUDA_PYTHON_SITE`), ...; see
+//! `.ci/cuda-compile-check.sh`. With `KDA_EXPECT_NVRTC=MAJOR.MINOR` set, any other NVRTC
+//! version is an error (so a check meant for one version cannot silently run another).
 //!
 //! ```text
 //! cargo run -p kda-cuda --example compile_check [-- sm_80 sm_90 ...]
@@ -44,8 +46,24 @@ fn main() -> ExitCode {
     } else {
         args
     };
+    let dirs = kda_cuda::libs::SearchDirs::from_env();
+    for lib in kda_cuda::libs::CudaLibrary::ALL {
+        match kda_cuda::libs::find(lib, &dirs.dirs, None) {
+            Some(f) => println!("{}: {}", lib.stem(), f.path.display()),
+            None => println!("{}: not in the searched folders", lib.stem()),
+        }
+    }
     match nvrtc::version() {
-        Ok((major, minor)) => println!("NVRTC {major}.{minor}"),
+        Ok((major, minor)) => {
+            let files = kda_cuda::libs::loaded_files();
+            let shown: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+            println!("NVRTC {major}.{minor} ({})", shown.join(", "));
+            let expected = std::env::var("KDA_EXPECT_NVRTC").unwrap_or_default();
+            if !expected.is_empty() && expected != format!("{major}.{minor}") {
+                eprintln!("error: NVRTC {major}.{minor} loaded, KDA_EXPECT_NVRTC={expected}");
+                return ExitCode::FAILURE;
+            }
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;

@@ -10,6 +10,7 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use crate::error::CudaError;
+use crate::libs::{self, CudaLibrary};
 use crate::module_cache::{self, Kernels};
 use crate::nvrtc;
 use crate::probe::{guarded, library_message, probe, DeviceInfo};
@@ -30,6 +31,8 @@ pub(crate) struct Device {
 }
 
 fn blas_available() -> Result<(), CudaError> {
+    let max_major = crate::probe::driver_cuda_major();
+    libs::prepare(CudaLibrary::Cublas, max_major);
     // SAFETY: `is_culib_present` only tries to dlopen the candidate file names and closes them.
     let present = guarded(
         || Ok(unsafe { cudarc::cublas::sys::is_culib_present() }),
@@ -38,11 +41,10 @@ fn blas_available() -> Result<(), CudaError> {
     if present {
         Ok(())
     } else {
-        Err(CudaError::Blas(
-            "libcublas could not be loaded: install the CUDA toolkit or the `nvidia-cublas-cu12` \
-             wheel and put its lib directory on LD_LIBRARY_PATH"
-                .into(),
-        ))
+        Err(CudaError::Blas(libs::unavailable_message(
+            CudaLibrary::Cublas,
+            max_major,
+        )))
     }
 }
 

@@ -2,11 +2,11 @@
 //!
 //! # Status
 //!
-//! * **Compile-checked for sm_80 and sm_90; NOT yet run on a GPU.** CI compiles every kernel
-//!   source with NVRTC 12.8 (from PyPI; no GPU, no CUDA toolkit) for `sm_80` and `sm_90`,
-//!   failing on any error, warning, missing entry point or register spill
-//!   (`.ci/cuda-compile-check.sh` → `examples/compile_check.rs`). The crate builds and its
-//!   non-GPU tests pass on CPU-only machines.
+//! * **Compile-checked for sm_80, sm_90 and sm_100; NOT yet run on a GPU.** CI compiles every
+//!   kernel source with NVRTC 12.8 for `sm_80` and `sm_90` and with NVRTC 13.0 for `sm_90` and
+//!   `sm_100` (both from PyPI; no GPU, no CUDA toolkit), failing on any error, warning, missing
+//!   entry point or register spill (`.ci/cuda-compile-check.sh` → `examples/compile_check.rs`).
+//!   The crate builds and its non-GPU tests pass on CPU-only machines.
 //! * **Kernel logic checked on the CPU, in an emulator.** `tests/emulated.rs` runs the very same
 //!   `.cu` sources in a small SIMT emulator (`tests/emulator/`: one OS thread per CUDA thread,
 //!   real barriers and warp shuffles, NaN-poisoned shared memory) against a float64 reference of
@@ -16,13 +16,16 @@
 //!   step all agree to ≈ 3e-7 rel-RMS. This exercises indexing, algorithms and barrier
 //!   placement; it does **not** exercise the Rust launch code against a real driver, cuBLAS,
 //!   register/occupancy limits, or real GPU timing.
-//! * **What a GPU run must still confirm:** `scripts/gpu-check.sh` builds, runs
-//!   `cargo test --workspace` with the device present — `tests/gpu.rs` then compares every path
+//! * **What a GPU run must still confirm:** `scripts/gpu-check.sh` (built on a machine with
+//!   cargo by `--build-only`, run on the GPU machine by `--prebuilt`, no Rust needed there) runs
+//!   the release tests with the device present — `tests/gpu.rs` then compares every path
 //!   through the public API (cuBLAS projections included) with the CPU backend: f32 rel-RMS ≤
 //!   1e-4 and bf16 I/O ≤ 5e-3 on outputs and all caches, −1000-scale gates finite, chunk-size
 //!   independence, device-resident prefill → decode through [`kda_core::KdaBackend`], argument
-//!   errors — and benchmarks prefill (T = 8192, H = 96, K = 128, bf16; packed variable lengths)
-//!   and decode (batch 1 and 64), printing a table. None of these numbers exist yet.
+//!   errors; the conformance suite runs every fla fixture on the device against fla and the CPU
+//!   — and benchmarks prefill (T = 8192, H = 96, K = 128, bf16; packed variable lengths) and
+//!   decode (batch 1 and 64, µs and fraction of memory bandwidth), writing a results table. None
+//!   of these numbers exist yet.
 //! * Without a usable GPU every entry point returns [`CudaError::NoDevice`] (or
 //!   [`CudaError::Nvrtc`] / [`CudaError::Blas`] when those libraries are missing); nothing
 //!   panics. [`probe`] and [`is_available`] report the devices without creating a context.
@@ -31,6 +34,7 @@
 //!
 //! | file | holds |
 //! |---|---|
+//! | `libs.rs` | finding libcuda / libnvrtc / libcublas (CUDA 13 or 12) before cudarc opens them |
 //! | `probe.rs` | device discovery, the panic guard around first contact with CUDA libraries |
 //! | `device.rs` | one opened device: context, stream, cuBLAS handle, kernels, limits |
 //! | `module_cache.rs` | NVRTC compile per architecture, module load per device (and why NVRTC) |
@@ -65,9 +69,28 @@
 //!   ([`WeightFormat`]); the state, the conv states and every intermediate are f32. bf16 GEMMs
 //!   accumulate in f32; f32 GEMMs are strict f32 (no TF32).
 //!
+//! # CUDA 12 and CUDA 13: one binary
+//!
 //! The cudarc features are `std`, `driver`, `nvrtc`, `cublas`, `dynamic-loading` and
-//! `cuda-12080` ([`CUDA_VERSION_FEATURE`]): nothing CUDA-related is linked at build time;
-//! `libcuda`, `libnvrtc` and `libcublas` are opened at run time.
+//! `cuda-13000` ([`CUDA_VERSION_FEATURE`]): nothing CUDA-related is linked at build time;
+//! `libcuda`, `libnvrtc` and `libcublas` are opened at run time. The same binary runs with the
+//! CUDA 13 libraries (`libnvrtc.so.13`, `libcublas.so.13`, driver 580+) and with CUDA 12 ones:
+//!
+//! * cudarc's names for a library depend on the binding set: with `cuda-12080` they stop at
+//!   `.so.12`, with `cuda-13000` they are `.so.13` and then `.so.12`. cudarc offers no choice of
+//!   binding set at run time (`cuda-version-from-build-system` picks it when building, from the
+//!   toolkit found then), so the CUDA 13.0 bindings it is.
+//! * Those bindings also name a few driver entry points that only CUDA 13 drivers export. None
+//!   of them is reached: every driver, NVRTC and cuBLAS symbol the crate's tests and bench
+//!   resolve also exists in the CUDA 12.0 bindings (`scripts/cuda12-symbols.sh` reads them off
+//!   the built executables; CI runs it), so a CUDA 12 driver serves them.
+//! * [`libs`] finds the libraries in places the loader does not search — a Python
+//!   environment's `site-packages/nvidia/*/lib` (the `nvidia-*` wheels: `nvidia/cu13/lib` for
+//!   CUDA 13, `nvidia/cuda_nvrtc/lib` and `nvidia/cublas/lib` for CUDA 12), `CUDA_HOME`, the
+//!   driver's `/usr/local/nvidia/lib64`, `KDA_CUDA_LIB_DIR` — and opens the chosen file by full
+//!   path, so cudarc's later open by soname gets it. NVRTC and cuBLAS are never newer than the
+//!   driver's CUDA major version (a CUBIN from NVRTC 13 would not load on a CUDA 12 driver).
+//!   When nothing is found, the error names every folder searched.
 //!
 //! # Example
 //!
@@ -90,6 +113,7 @@ mod gemm;
 mod host;
 pub mod kernels;
 mod launch;
+pub mod libs;
 mod module_cache;
 pub mod nvrtc;
 mod params;
@@ -105,9 +129,10 @@ pub use plan::Dtype;
 pub use probe::{is_available, probe, DeviceInfo};
 pub use weights::{DeviceWeights, WeightFormat};
 
-/// The cudarc feature that pins the CUDA driver-API bindings this crate is built against
-/// (`cuda-12080`, i.e. CUDA 12.8).
-pub const CUDA_VERSION_FEATURE: &str = "cuda-12080";
+/// The cudarc feature that pins the CUDA API bindings this crate is built against
+/// (`cuda-13000`, i.e. CUDA 13.0; the libraries of CUDA 13 and 12 both load, see the crate
+/// documentation).
+pub const CUDA_VERSION_FEATURE: &str = "cuda-13000";
 
 #[cfg(test)]
 mod tests {

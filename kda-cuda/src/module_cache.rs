@@ -5,13 +5,14 @@
 //! (`nvcc`) at all — the crate builds and tests on CPU-only machines and CI, and a release
 //! binary carries only the CUDA C text. Each device gets code for its exact architecture
 //! (`--gpu-architecture=sm_XY`, loaded as a CUBIN, so the driver does not need to JIT PTX and
-//! an older driver that cannot read NVRTC 12.8's PTX ISA still loads the binary), and a
+//! an older driver that cannot read the newer NVRTC's PTX ISA still loads the binary), and a
 //! future specialisation (e.g. compiling the head dim in as a constant) is a compile option
 //! rather than a build-matrix entry. The cost is one compile per architecture per process
 //! (about 10 s of CPU time for the whole module; measured by `.ci/cuda-compile-check.sh`),
 //! paid on the first [`crate::CudaBackend::new`] of each architecture, and `libnvrtc` must be
-//! present at run time. CI compiles every file for sm_80 and sm_90 with the same NVRTC
-//! (`examples/compile_check.rs`), so a syntax or resource error cannot reach a GPU machine.
+//! present at run time. CI compiles every file for sm_80 and sm_90 with NVRTC 12.8 and for
+//! sm_90 and sm_100 with NVRTC 13.0 (`examples/compile_check.rs`), so a syntax or resource
+//! error cannot reach a GPU machine.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

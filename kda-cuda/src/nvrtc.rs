@@ -1,6 +1,7 @@
 //! Run-time compilation of the embedded kernels with NVRTC.
 //!
-//! `libnvrtc` is opened dynamically by cudarc; [`available`] checks for it without panicking,
+//! `libnvrtc` is found by [`crate::libs`] and opened dynamically by cudarc; [`available`] checks
+//! for it without panicking,
 //! and every call into it runs under the crate's panic guard. A compile returns the PTX, the
 //! CUBIN when the target is a real architecture (`sm_XY`), and the compiler log (warnings and,
 //! when asked for, ptxas's register/spill report).
@@ -10,6 +11,7 @@ use std::ffi::{c_char, CString};
 use cudarc::nvrtc::{result, sys};
 
 use crate::error::CudaError;
+use crate::libs::{self, CudaLibrary};
 use crate::probe::{guarded, library_message};
 
 /// The compiler options every kernel is built with (plus `--gpu-architecture`).
@@ -39,19 +41,22 @@ fn nvrtc_panic(message: String) -> CudaError {
     CudaError::Nvrtc(library_message(&message, "NVRTC (libnvrtc)"))
 }
 
-/// `Ok(())` when `libnvrtc` can be loaded (cudarc's file-name candidates, e.g. `libnvrtc.so.12`,
-/// on the loader path), otherwise [`CudaError::Nvrtc`] saying so.
+/// `Ok(())` when `libnvrtc` can be loaded, otherwise [`CudaError::Nvrtc`] naming every folder
+/// searched. The library is looked for first ([`crate::libs::prepare`]: `libnvrtc.so.13`, then
+/// `.so.12`, never newer than the driver when one is present), then by cudarc's own names on the
+/// loader path.
 pub fn available() -> Result<(), CudaError> {
+    let max_major = crate::probe::driver_cuda_major();
+    libs::prepare(CudaLibrary::Nvrtc, max_major);
     // SAFETY: `is_culib_present` only tries to dlopen the candidate file names and closes them.
     let present = guarded(|| Ok(unsafe { sys::is_culib_present() }), nvrtc_panic)?;
     if present {
         Ok(())
     } else {
-        Err(CudaError::Nvrtc(
-            "libnvrtc could not be loaded: install the CUDA toolkit or the `nvidia-cuda-nvrtc-cu12` \
-             wheel and put its lib directory on LD_LIBRARY_PATH"
-                .into(),
-        ))
+        Err(CudaError::Nvrtc(libs::unavailable_message(
+            CudaLibrary::Nvrtc,
+            max_major,
+        )))
     }
 }
 

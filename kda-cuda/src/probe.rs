@@ -13,6 +13,7 @@ use std::thread;
 use cudarc::driver::{result, sys};
 
 use crate::error::CudaError;
+use crate::libs::{self, CudaLibrary};
 
 /// Static facts about one CUDA device, as reported by the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,17 +119,37 @@ pub(crate) fn library_message(message: &str, lib: &str) -> String {
 
 fn no_device_from_panic(message: String) -> CudaError {
     let reason = match message.split_once(" - searched for library names") {
-        Some((head, _)) => format!(
-            "the CUDA driver library could not be loaded ({head}); \
-             is the NVIDIA driver installed and libcuda.so on the loader path?"
-        ),
+        Some(_) => libs::unavailable_message(CudaLibrary::Driver, None),
         None => format!("the CUDA driver library is unusable: {message}"),
     };
     CudaError::NoDevice(reason)
 }
 
+/// The CUDA major version the driver supports (`cuDriverGetVersion` / 1000), when a device
+/// is present; `None` otherwise. Caps the NVRTC and cuBLAS versions [`crate::libs`] picks.
+pub(crate) fn driver_cuda_major() -> Option<u32> {
+    static MAJOR: OnceLock<Option<u32>> = OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        probe().ok()?;
+        guarded(
+            || {
+                let mut version = 0;
+                // SAFETY: one valid out-pointer to c_int; the driver is initialised (probe).
+                unsafe { sys::cuDriverGetVersion(&mut version) }
+                    .result()
+                    .map_err(|e| CudaError::Driver(format!("cuDriverGetVersion: {e}")))?;
+                Ok(u32::try_from(version / 1000).ok())
+            },
+            CudaError::Driver,
+        )
+        .ok()
+        .flatten()
+    })
+}
+
 /// The actual discovery. May panic inside cudarc when `libcuda` is missing.
 fn probe_uncached() -> Result<Vec<DeviceInfo>, CudaError> {
+    libs::prepare(CudaLibrary::Driver, None);
     result::init().map_err(|e| CudaError::NoDevice(format!("cuInit failed: {e}")))?;
     let count = result::device::get_count()
         .map_err(|e| CudaError::NoDevice(format!("cuDeviceGetCount failed: {e}")))?;

@@ -62,5 +62,5 @@ fn devices_are_sane() {
 
 #[test]
 fn version_feature_is_pinned() {
-    assert_eq!(CUDA_VERSION_FEATURE, "cuda-12080");
+    assert_eq!(CUDA_VERSION_FEATURE, "cuda-13000");
 }

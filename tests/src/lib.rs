@@ -14,9 +14,13 @@ use kda_host::layer::{OwnedData, OwnedGate, OwnedMat};
 use kda_host::{OwnedLayer, SequenceCaches};
 use safetensors::{Dtype, SafeTensors};
 
-/// Directory of the committed fixtures.
+/// Directory of the committed fixtures, or `$KDA_FIXTURES_DIR` when set (prebuilt test
+/// executables run on another machine: `kda-cuda/scripts/gpu-check.sh --prebuilt`).
 pub fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+    match std::env::var_os("KDA_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures"),
+    }
 }
 
 /// Names of the layer fixtures (`layer_*.safetensors`), sorted.
