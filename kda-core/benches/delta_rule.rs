@@ -9,8 +9,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kda_core::ops::chunked::{chunked_head, chunked_scratch_len};
+use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks};
 use kda_core::ops::recurrent::{recurrent_head, recurrent_scratch_len};
+use kda_core::ops::HeadRows;
 use kda_core::Isa;
 
 const K: usize = 128;
@@ -60,12 +61,39 @@ fn inputs(t: usize) -> Inputs {
 
 fn run_recurrent(isa: Isa, x: &Inputs, v: &mut [f32], s: &mut [f32], scr: &mut [f32]) {
     v.copy_from_slice(&x.v);
-    recurrent_head(isa, &x.q, &x.k, v, &x.g, &x.beta, 0.088, s, scr).unwrap();
+    recurrent_head(
+        isa,
+        HeadRows {
+            q: &x.q,
+            k: &x.k,
+            g: &x.g,
+            beta: &x.beta,
+            v_o: v,
+            state: s,
+            scale: 0.088,
+        },
+        scr,
+    )
+    .unwrap();
 }
 
 fn run_chunked(isa: Isa, c: usize, x: &Inputs, v: &mut [f32], s: &mut [f32], scr: &mut [f32]) {
     v.copy_from_slice(&x.v);
-    chunked_head(isa, &x.q, &x.k, v, &x.g, &x.beta, 0.088, s, c, c, scr).unwrap();
+    chunked_head(
+        isa,
+        HeadRows {
+            q: &x.q,
+            k: &x.k,
+            g: &x.g,
+            beta: &x.beta,
+            v_o: v,
+            state: s,
+            scale: 0.088,
+        },
+        Chunks { size: c, first: c },
+        scr,
+    )
+    .unwrap();
 }
 
 #[path = "common/peak.rs"]
@@ -163,7 +191,20 @@ fn decode_recurrence(isa: Isa) {
     let mut step = || {
         for st in s.chunks_exact_mut(K * K) {
             v.copy_from_slice(&x.v);
-            recurrent_head(isa, &x.q, &x.k, &mut v, &x.g, &x.beta, 0.088, st, &mut scr).unwrap();
+            recurrent_head(
+                isa,
+                HeadRows {
+                    q: &x.q,
+                    k: &x.k,
+                    g: &x.g,
+                    beta: &x.beta,
+                    v_o: &mut v,
+                    state: st,
+                    scale: 0.088,
+                },
+                &mut scr,
+            )
+            .unwrap();
         }
     };
     step();

@@ -2,10 +2,11 @@
 //! `naive_chunk_kda` fixture; the layer in chunked mode against the layer in recurrent mode.
 
 use kda_conformance::{rel_rms, CpuHarness, Fixture, Harness};
-use kda_core::ops::chunked::{chunked_head, chunked_scratch_len};
+use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks};
 use kda_core::ops::gate::decay_gate;
 use kda_core::ops::norm::l2_norm;
 use kda_core::ops::recurrent::{recurrent_head, recurrent_scratch_len};
+use kda_core::ops::HeadRows;
 use kda_core::{Data, DecayGate, GateProj, InitialCaches, Isa, KdaConfig};
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
@@ -69,20 +70,36 @@ fn compare(h: &Head, k: usize, chunk: usize, isa: Isa) -> (f64, f64) {
     let mut scr = vec![0.0; recurrent_scratch_len(k, k)];
     recurrent_head(
         Isa::Portable,
-        &h.q,
-        &h.k,
-        &mut vr,
-        &h.g,
-        &h.beta,
-        scale,
-        &mut sr,
+        HeadRows {
+            q: &h.q,
+            k: &h.k,
+            g: &h.g,
+            beta: &h.beta,
+            v_o: &mut vr,
+            state: &mut sr,
+            scale,
+        },
         &mut scr,
     )
     .unwrap();
     let (mut vc, mut sc) = (h.v.clone(), h.s0.clone());
     let mut scr = vec![0.0; chunked_scratch_len(chunk, k, k)];
     chunked_head(
-        isa, &h.q, &h.k, &mut vc, &h.g, &h.beta, scale, &mut sc, chunk, chunk, &mut scr,
+        isa,
+        HeadRows {
+            q: &h.q,
+            k: &h.k,
+            g: &h.g,
+            beta: &h.beta,
+            v_o: &mut vc,
+            state: &mut sc,
+            scale,
+        },
+        Chunks {
+            size: chunk,
+            first: chunk,
+        },
+        &mut scr,
     )
     .unwrap();
     assert!(
@@ -139,15 +156,19 @@ fn chunked_kernel_matches_naive_chunk_fixture() {
                 let mut scr = vec![0.0; chunked_scratch_len(chunk, k, k)];
                 chunked_head(
                     isa,
-                    &pick("chunk.q", head, k),
-                    &pick("chunk.k", head, k),
-                    &mut v,
-                    &pick("chunk.g", head, k),
-                    &beta,
-                    1.0 / (k as f32).sqrt(),
-                    &mut s[head * k * k..(head + 1) * k * k],
-                    chunk,
-                    chunk,
+                    HeadRows {
+                        q: &pick("chunk.q", head, k),
+                        k: &pick("chunk.k", head, k),
+                        g: &pick("chunk.g", head, k),
+                        beta: &beta,
+                        v_o: &mut v,
+                        state: &mut s[head * k * k..(head + 1) * k * k],
+                        scale: 1.0 / (k as f32).sqrt(),
+                    },
+                    Chunks {
+                        size: chunk,
+                        first: chunk,
+                    },
                     &mut scr,
                 )
                 .unwrap();

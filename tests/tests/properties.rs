@@ -192,13 +192,15 @@ fn v_first_math_agrees_after_conversion() {
     let mut vin = vv.clone();
     let mut o = vec![0.0; v];
     kda_core::ops::recurrent::delta_rule_step(
-        &mut s,
-        &q,
-        &kk,
-        &mut vin,
-        &g,
-        beta as f32,
-        1.0,
+        kda_core::ops::HeadRows {
+            q: &q,
+            k: &kk,
+            g: &g,
+            beta: &[beta as f32],
+            v_o: &mut vin,
+            state: &mut s,
+            scale: 1.0,
+        },
         &mut o,
     )
     .unwrap();

@@ -3,10 +3,11 @@
 
 use crate::error::KdaError;
 use crate::exec::Shared;
-use crate::ops::chunked::chunked_head;
+use crate::ops::chunked::{chunked_head, Chunks};
 use crate::ops::conv::{short_conv_prefill, short_conv_prefill_scratch};
 use crate::ops::norm::{gated_rms_norm_row_into_gate, l2_norm};
 use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
+use crate::ops::HeadRows;
 
 use super::proj::BlockViews;
 use super::snapshot::SnapsIn;
@@ -207,35 +208,26 @@ impl<'a> HeadBuffers<'a> {
     ) -> Result<(), KdaError> {
         let hk = layer.cfg.head_dim;
         let (isa, scale) = (layer.isa, layer.cfg.scale());
-        let state = &mut *views.state;
         let mut start = 0;
         for (i, end) in self.cuts(job).enumerate() {
-            let rows = start * hk..end * hk;
-            let (q, k, g) = (
-                &views.q[rows.clone()],
-                &views.k[rows.clone()],
-                &views.decay[rows.clone()],
-            );
-            let (v, beta) = (&mut views.v[rows], &views.beta[start..end]);
+            let span = start * hk..end * hk;
+            let rows = HeadRows {
+                q: &views.q[span.clone()],
+                k: &views.k[span.clone()],
+                g: &views.decay[span.clone()],
+                beta: &views.beta[start..end],
+                v_o: &mut views.v[span],
+                state: &mut *views.state,
+                scale,
+            };
             match job.chunk {
-                Some((c, first)) => {
-                    let first = if i == 0 { first } else { c };
-                    chunked_head(
-                        isa,
-                        q,
-                        k,
-                        v,
-                        g,
-                        beta,
-                        scale,
-                        state,
-                        c,
-                        first,
-                        scratch.chunked,
-                    )?
+                Some((size, first)) => {
+                    let first = if i == 0 { first } else { size };
+                    chunked_head(isa, rows, Chunks { size, first }, scratch.chunked)?
                 }
-                None => recurrent_head(isa, q, k, v, g, beta, scale, state, scratch.recurrent)?,
+                None => recurrent_head(isa, rows, scratch.recurrent)?,
             }
+            let state = &*views.state;
             if i < job.snaps.at.len() {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.snapshot_state(layer, job, i, state)? };

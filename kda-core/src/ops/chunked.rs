@@ -22,7 +22,7 @@
 //!
 //! Gates must be ≤ 0 (both gate forms guarantee it); NaN propagates.
 
-use super::{head_dims, HeadDims};
+use super::{HeadDims, HeadRows};
 use crate::error::KdaError;
 use crate::simd::{self, Isa};
 
@@ -30,6 +30,24 @@ use crate::simd::{self, Isa};
 const SUB: usize = 16;
 /// Largest decay spread (in nats) across one diagonal block for the factorised form.
 const MAX_SPREAD: f32 = 80.0;
+
+/// How a sequence's rows split into chunks: chunks of `size` (1..=[`MAX_CHUNK`]) tokens, the
+/// first `first` long (`1..=size`: a sequence that arrives in pieces keeps its chunk grid),
+/// the last partial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunks {
+    /// Chunk size `C`.
+    pub size: usize,
+    /// Length of the first chunk.
+    pub first: usize,
+}
+
+impl Chunks {
+    /// Chunks of `size` from the first row.
+    pub fn of(size: usize) -> Self {
+        Chunks { size, first: size }
+    }
+}
 
 /// Largest supported chunk size.
 pub const MAX_CHUNK: usize = 256;
@@ -119,40 +137,39 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     }
 }
 
-/// Runs the chunked delta rule over `T` rows of one head of one sequence, in place.
-///
-/// * `q`, `k`, `g`: `[T, K]` (q and k L2-normalised; `g` the log-decay, ≤ 0).
-/// * `v_o`: `[T, V]` values in, outputs out. `beta`: `[T]`.
-/// * `state`: `[K, V]` K-first, initial in, final out.
-/// * `chunk`: chunk size `C` (1..=[`MAX_CHUNK`]); `first`: length of the first chunk (to keep a
-///   sequence's chunk grid when it arrives in pieces), `1..=C`; later chunks are `C` long, the
-///   last one partial.
-/// * `scratch`: at least [`chunked_scratch_len`]`(C, K, V)` elements.
-#[allow(clippy::too_many_arguments)]
+/// Runs the chunked delta rule over the `T` rows of one head of one sequence (`rows`), in
+/// place: outputs replace the values, the final state the initial one. `chunks` sets the chunk
+/// grid; `scratch`: at least [`chunked_scratch_len`]`(C, K, V)` elements.
 pub fn chunked_head(
     isa: Isa,
-    q: &[f32],
-    k: &[f32],
-    v_o: &mut [f32],
-    g: &[f32],
-    beta: &[f32],
-    scale: f32,
-    state: &mut [f32],
-    chunk: usize,
-    first: usize,
+    rows: HeadRows<'_>,
+    chunks: Chunks,
     scratch: &mut [f32],
 ) -> Result<(), KdaError> {
-    let t_len = beta.len();
+    let Chunks { size: chunk, first } = chunks;
     if chunk == 0 || chunk > MAX_CHUNK {
         return Err(KdaError::Config {
             field: "chunk_size",
             reason: "must be between 1 and 256",
         });
     }
-    let HeadDims { k: kd, v: vd, .. } = head_dims(q, k, v_o, g, beta, state)?;
+    let HeadDims {
+        t: t_len,
+        k: kd,
+        v: vd,
+    } = rows.dims()?;
     if t_len == 0 {
         return Ok(());
     }
+    let HeadRows {
+        q,
+        k,
+        g,
+        beta,
+        v_o,
+        state,
+        scale,
+    } = rows;
     let need = chunked_scratch_len(chunk, kd, vd);
     if scratch.len() < need {
         return Err(KdaError::TooSmall {
@@ -624,6 +641,7 @@ fn update_state(
 mod tests {
     use super::*;
     use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
+    use crate::ops::HeadRows;
     use std::vec::Vec;
 
     struct Case {
@@ -699,20 +717,36 @@ mod tests {
         let mut scr = std::vec![0.0; recurrent_scratch_len(kd, vd)];
         recurrent_head(
             Isa::Portable,
-            &c.q,
-            &c.k,
-            &mut vr,
-            &c.g,
-            &c.beta,
-            scale,
-            &mut sr,
+            HeadRows {
+                q: &c.q,
+                k: &c.k,
+                g: &c.g,
+                beta: &c.beta,
+                v_o: &mut vr,
+                state: &mut sr,
+                scale,
+            },
             &mut scr,
         )
         .unwrap();
         let (mut vc, mut scc) = (c.v.clone(), c.s0.clone());
         let mut scr = std::vec![0.0; chunked_scratch_len(chunk, kd, vd)];
         chunked_head(
-            isa, &c.q, &c.k, &mut vc, &c.g, &c.beta, scale, &mut scc, chunk, first, &mut scr,
+            isa,
+            HeadRows {
+                q: &c.q,
+                k: &c.k,
+                g: &c.g,
+                beta: &c.beta,
+                v_o: &mut vc,
+                state: &mut scc,
+                scale,
+            },
+            Chunks {
+                size: chunk,
+                first,
+            },
+            &mut scr,
         )
         .unwrap();
         assert!(
@@ -777,13 +811,15 @@ mod tests {
                 let mut scr = std::vec![0.0; recurrent_scratch_len(kd, kd)];
                 recurrent_head(
                     Isa::Portable,
-                    &c.q,
-                    &c.k,
-                    &mut vr,
-                    &c.g,
-                    &c.beta,
-                    scale,
-                    &mut sr,
+                    HeadRows {
+                        q: &c.q,
+                        k: &c.k,
+                        g: &c.g,
+                        beta: &c.beta,
+                        v_o: &mut vr,
+                        state: &mut sr,
+                        scale,
+                    },
                     &mut scr,
                 )
                 .unwrap();
@@ -791,7 +827,20 @@ mod tests {
                     let (mut vc, mut sc) = (c.v.clone(), c.s0.clone());
                     let mut scr = std::vec![0.0; chunked_scratch_len(chunk, kd, kd)];
                     chunked_head(
-                        isa, &c.q, &c.k, &mut vc, &c.g, &c.beta, scale, &mut sc, chunk, chunk,
+                        isa,
+                        HeadRows {
+                            q: &c.q,
+                            k: &c.k,
+                            g: &c.g,
+                            beta: &c.beta,
+                            v_o: &mut vc,
+                            state: &mut sc,
+                            scale,
+                        },
+                        Chunks {
+                            size: chunk,
+                            first: chunk,
+                        },
                         &mut scr,
                     )
                     .unwrap();
@@ -832,43 +881,52 @@ mod tests {
         let mut scr = std::vec![0.0; 10];
         let e = chunked_head(
             Isa::Portable,
-            &c.q,
-            &c.k,
-            &mut v,
-            &c.g,
-            &c.beta,
-            1.0,
-            &mut s,
-            16,
-            16,
+            HeadRows {
+                q: &c.q,
+                k: &c.k,
+                g: &c.g,
+                beta: &c.beta,
+                v_o: &mut v,
+                state: &mut s,
+                scale: 1.0,
+            },
+            Chunks {
+                size: 16,
+                first: 16,
+            },
             &mut scr,
         );
         assert!(matches!(e, Err(KdaError::TooSmall { .. })));
         let e = chunked_head(
             Isa::Portable,
-            &c.q,
-            &c.k,
-            &mut v,
-            &c.g,
-            &c.beta,
-            1.0,
-            &mut s,
-            0,
-            1,
+            HeadRows {
+                q: &c.q,
+                k: &c.k,
+                g: &c.g,
+                beta: &c.beta,
+                v_o: &mut v,
+                state: &mut s,
+                scale: 1.0,
+            },
+            Chunks { size: 0, first: 1 },
             &mut scr,
         );
         assert!(matches!(e, Err(KdaError::Config { .. })));
         let e = chunked_head(
             Isa::Portable,
-            &c.q[1..],
-            &c.k,
-            &mut v,
-            &c.g,
-            &c.beta,
-            1.0,
-            &mut s,
-            16,
-            16,
+            HeadRows {
+                q: &c.q[1..],
+                k: &c.k,
+                g: &c.g,
+                beta: &c.beta,
+                v_o: &mut v,
+                state: &mut s,
+                scale: 1.0,
+            },
+            Chunks {
+                size: 16,
+                first: 16,
+            },
             &mut scr,
         );
         assert!(e.is_err());

@@ -126,6 +126,8 @@ pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
 /// (see `simd::panel_fma`), so every value is bitwise the same for any `o0..o1` split, any
 /// `tokens`, and any scratch size: decode and prefill, and any thread count, agree exactly.
 /// A row too short for the matrix (an internal bug) is an [`KdaError::Internal`] error.
+// The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
+// output rows o0..o1, scratch and the store callback (one call per tile, not per element).
 #[allow(clippy::too_many_arguments)]
 pub fn project_tile<'x>(
     isa: Isa,
@@ -195,6 +197,8 @@ pub fn project_tile<'x>(
 /// at once ([`simd::panels_fma`]), prefill runs the GEMM straight from each bf16 panel
 /// ([`simd::panel_fma_bf16`]: no packing, no transposes). Same sums, bitwise, as the
 /// row-major paths.
+// The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
+// output rows o0..o1, scratch and the store callback (one call per tile, not per element).
 #[allow(clippy::too_many_arguments)]
 fn project_panels<'x>(
     isa: Isa,
@@ -310,6 +314,8 @@ fn token_groups<'x>(
 }
 
 /// One tile of up to 16 rows as a packed GEMM: per k-block, one panel for up to [`TB`] tokens.
+// The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
+// output rows o0..o1, scratch and the store callback (one call per tile, not per element).
 #[allow(clippy::too_many_arguments)]
 fn packed<'x>(
     isa: Isa,

@@ -24,6 +24,27 @@ pub mod recurrent;
 
 use crate::error::{check_len, rows_of, KdaError};
 
+/// One head's rows of one sequence for the delta rule: `T = beta.len()` tokens, key dim `K`,
+/// value dim `V`.
+#[derive(Debug)]
+pub struct HeadRows<'a> {
+    /// `[T, K]` queries (L2-normalised).
+    pub q: &'a [f32],
+    /// `[T, K]` keys (L2-normalised).
+    pub k: &'a [f32],
+    /// `[T, K]` log-decays (≤ 0).
+    pub g: &'a [f32],
+    /// `[T]` write strengths.
+    pub beta: &'a [f32],
+    /// `[T, V]` values in; outputs out (or, for one [`recurrent::delta_rule_step`], the
+    /// innovation `δ`).
+    pub v_o: &'a mut [f32],
+    /// `[K, V]` K-first state: initial in, final out.
+    pub state: &'a mut [f32],
+    /// The query scale.
+    pub scale: f32,
+}
+
 /// The dimensions of one head's rows over `t` tokens: key dim `k`, value dim `v`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HeadDims {
@@ -32,26 +53,20 @@ pub(crate) struct HeadDims {
     pub(crate) v: usize,
 }
 
-/// Checks one head's rows for the delta rule: `q`, `k`, `g` `[T, K]`, `v` `[T, V]`, `state`
-/// `[K, V]`, with `T = beta.len()` and `K`, `V` ≥ 1 when `T` ≥ 1.
-pub(crate) fn head_dims(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &[f32],
-) -> Result<HeadDims, KdaError> {
-    let t = beta.len();
-    if t == 0 {
-        return Ok(HeadDims { t, k: 0, v: 0 });
+impl HeadRows<'_> {
+    /// Checks the rows' lengths against each other (`K`, `V` ≥ 1 when `T` ≥ 1).
+    pub(crate) fn dims(&self) -> Result<HeadDims, KdaError> {
+        let t = self.beta.len();
+        if t == 0 {
+            return Ok(HeadDims { t, k: 0, v: 0 });
+        }
+        let kd = rows_of("q", self.q.len(), t)?.max(1);
+        let vd = rows_of("v", self.v_o.len(), t)?.max(1);
+        check_len("q", self.q.len(), t * kd)?;
+        check_len("k", self.k.len(), self.q.len())?;
+        check_len("g", self.g.len(), self.q.len())?;
+        check_len("v", self.v_o.len(), t * vd)?;
+        check_len("state", self.state.len(), kd * vd)?;
+        Ok(HeadDims { t, k: kd, v: vd })
     }
-    let kd = rows_of("q", q.len(), t)?.max(1);
-    let vd = rows_of("v", v.len(), t)?.max(1);
-    check_len("q", q.len(), t * kd)?;
-    check_len("k", k.len(), q.len())?;
-    check_len("g", g.len(), q.len())?;
-    check_len("v", v.len(), t * vd)?;
-    check_len("state", state.len(), kd * vd)?;
-    Ok(HeadDims { t, k: kd, v: vd })
 }

@@ -11,58 +11,34 @@
 //!
 //! NaN or ±∞ anywhere in the inputs propagate into the state and output; nothing panics.
 
-use super::{head_dims, HeadDims};
+use super::{HeadDims, HeadRows};
 use crate::error::{check_len, KdaError};
 use crate::math::exp;
 use crate::simd::{self, Isa};
 
-/// One token of the delta rule for one head, in place on `state` `[K, V]`.
+/// One token of the delta rule for one head (`rows` of one token), in place on its state.
 ///
-/// `q`, `k`, `g` are `[K]` (q and k already L2-normalised); `v` is `[V]` and is overwritten with
-/// the β-scaled innovation `δ = β(v − p)`; `out` `[V]` receives `o`. Lengths are checked.
-#[allow(clippy::too_many_arguments)]
-pub fn delta_rule_step(
-    state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &mut [f32],
-    g: &[f32],
-    beta: f32,
-    scale: f32,
-    out: &mut [f32],
-) -> Result<(), KdaError> {
-    let kd = k.len();
-    let vd = v.len();
-    check_len("q", q.len(), kd)?;
-    check_len("g", g.len(), kd)?;
-    check_len("out", out.len(), vd)?;
-    check_len("state", state.len(), kd * vd)?;
-    step_unchecked(state, q, k, v, g, beta, scale, out);
+/// `rows.v_o` is `[V]` and is overwritten with the β-scaled innovation `δ = β(v − p)`; `out`
+/// `[V]` receives `o`. Lengths are checked.
+pub fn delta_rule_step(rows: HeadRows<'_>, out: &mut [f32]) -> Result<(), KdaError> {
+    check_len("beta", rows.beta.len(), 1)?;
+    let dims = rows.dims()?;
+    check_len("out", out.len(), dims.v)?;
+    step_unchecked(rows, out);
     Ok(())
 }
 
 /// [`delta_rule_step`] after validation (all lengths consistent), on the portable path.
-#[allow(clippy::too_many_arguments)]
 #[inline]
-pub(crate) fn step_unchecked(
-    state: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &mut [f32],
-    g: &[f32],
-    beta: f32,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let token = Token { q, k, beta, scale };
-    fused_step(
-        Isa::Portable,
-        state,
-        &token,
-        g.iter().map(|&x| exp(x)),
-        v,
-        out,
-    );
+pub(crate) fn step_unchecked(rows: HeadRows<'_>, out: &mut [f32]) {
+    let token = Token {
+        q: rows.q,
+        k: rows.k,
+        beta: rows.beta[0],
+        scale: rows.scale,
+    };
+    let decay = rows.g.iter().map(|&x| exp(x));
+    fused_step(Isa::Portable, rows.state, &token, decay, rows.v_o, out);
 }
 
 /// f32 elements of scratch [`recurrent_head`] needs for key dim `k` and value dim `v`.
@@ -73,23 +49,21 @@ pub fn recurrent_scratch_len(k: usize, v: usize) -> usize {
 /// The recurrence over `T` rows of one head of one sequence, on the fastest path `isa`:
 /// `q`, `k`, `g` `[T, K]`, `v_o` `[T, V]` (values in, outputs out), `beta` `[T]`, `state`
 /// `[K, V]` in/out, `scratch` at least [`recurrent_scratch_len`]`(K, V)`.
-#[allow(clippy::too_many_arguments)]
-pub fn recurrent_head(
-    isa: Isa,
-    q: &[f32],
-    k: &[f32],
-    v_o: &mut [f32],
-    g: &[f32],
-    beta: &[f32],
-    scale: f32,
-    state: &mut [f32],
-    scratch: &mut [f32],
-) -> Result<(), KdaError> {
+pub fn recurrent_head(isa: Isa, rows: HeadRows<'_>, scratch: &mut [f32]) -> Result<(), KdaError> {
     let HeadDims {
         t: t_len,
         k: kd,
         v: vd,
-    } = head_dims(q, k, v_o, g, beta, state)?;
+    } = rows.dims()?;
+    let HeadRows {
+        q,
+        k,
+        g,
+        beta,
+        v_o,
+        state,
+        scale,
+    } = rows;
     if t_len == 0 {
         return Ok(());
     }
@@ -187,6 +161,8 @@ fn fused_step(
 /// Runs the recurrence over `T` tokens of one sequence for all heads, the layout of fla's
 /// `naive_recurrent_kda` with batch 1: `q`, `k`, `g` `[T, H, K]`, `v` `[T, H, V]` (overwritten
 /// with δ), `beta` `[T, H]`, `state` `[H, K, V]` in/out, `out` `[T, H, V]`.
+// Ten arguments: fla's `naive_recurrent_kda` signature (its arrays, head count and head dim),
+// which the component fixtures call it with.
 #[allow(clippy::too_many_arguments)]
 pub fn recurrent_sequence(
     q: &[f32],
@@ -220,17 +196,16 @@ pub fn recurrent_sequence(
     for t in 0..t_len {
         for h in 0..heads {
             let r = (t * heads + h) * head_dim..(t * heads + h + 1) * head_dim;
-            let s = &mut state[h * head_dim * head_dim..(h + 1) * head_dim * head_dim];
-            step_unchecked(
-                s,
-                &q[r.clone()],
-                &k[r.clone()],
-                &mut v[r.clone()],
-                &g[r.clone()],
-                beta[t * heads + h],
+            let rows = HeadRows {
+                q: &q[r.clone()],
+                k: &k[r.clone()],
+                g: &g[r.clone()],
+                beta: &beta[t * heads + h..t * heads + h + 1],
+                v_o: &mut v[r.clone()],
+                state: &mut state[h * head_dim * head_dim..(h + 1) * head_dim * head_dim],
                 scale,
-                &mut out[r],
-            );
+            };
+            step_unchecked(rows, &mut out[r]);
         }
     }
     Ok(())
@@ -278,7 +253,19 @@ mod tests {
         let mut state = st.clone();
         let mut vv = v.clone();
         let mut out = std::vec![0f32; vd];
-        delta_rule_step(&mut state, &q, &k, &mut vv, &g, beta, scale, &mut out).unwrap();
+        delta_rule_step(
+            HeadRows {
+                q: &q,
+                k: &k,
+                g: &g,
+                beta: &[beta],
+                v_o: &mut vv,
+                state: &mut state,
+                scale,
+            },
+            &mut out,
+        )
+        .unwrap();
         for i in 0..kd * vd {
             assert!((state[i] as f64 - want[i]).abs() < 1e-6);
         }
@@ -296,7 +283,19 @@ mod tests {
         let (q, k, g) = ([1.0f32, 0.0], [0.0f32, 0.0], [-1000.0f32, -1000.0]);
         let mut v = [1.0f32, 2.0];
         let mut out = [0.0f32; 2];
-        delta_rule_step(&mut state, &q, &k, &mut v, &g, 0.5, 1.0, &mut out).unwrap();
+        delta_rule_step(
+            HeadRows {
+                q: &q,
+                k: &k,
+                g: &g,
+                beta: &[0.5],
+                v_o: &mut v,
+                state: &mut state,
+                scale: 1.0,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(state, [0.0; 4]);
         assert_eq!(out, [0.0; 2]);
     }
@@ -307,7 +306,16 @@ mod tests {
         let mut v = [0.0f32; 3];
         let mut out = [0.0f32; 3];
         let e = delta_rule_step(
-            &mut state, &[0.0; 2], &[0.0; 2], &mut v, &[0.0; 3], 0.5, 1.0, &mut out,
+            HeadRows {
+                q: &[0.0; 2],
+                k: &[0.0; 2],
+                g: &[0.0; 3],
+                beta: &[0.5],
+                v_o: &mut v,
+                state: &mut state,
+                scale: 1.0,
+            },
+            &mut out,
         );
         assert!(matches!(e, Err(KdaError::Length { arg: "g", .. })));
     }

@@ -125,6 +125,7 @@ pub(super) unsafe fn exp_in_place(x: &mut [f32]) {
 
 /// One `MR`-row × `NV`·8-column register block of `C += A·B` at rows `i`, columns `j`.
 #[inline(always)]
+// BLAS-style: the shape and three matrices with their leading dimensions (and the block).
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_block<const MR: usize, const NV: usize>(
     i: usize,
@@ -162,6 +163,7 @@ unsafe fn gemm_block<const MR: usize, const NV: usize>(
 
 /// All rows of one column panel of width `NV`·8, in blocks of 6 rows then the remainder.
 #[inline(always)]
+// BLAS-style: the shape and three matrices with their leading dimensions (and the block).
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_panel<const NV: usize>(
     m: usize,
@@ -192,6 +194,7 @@ unsafe fn gemm_panel<const NV: usize>(
 /// `C += A·B`: column panels of 16 (then 8) outer so each panel of `B` stays in L1 while
 /// every row block of `A` streams past it; a scalar tail for the last `n % 8` columns.
 #[target_feature(enable = "avx2,fma")]
+// BLAS-style: the shape and three matrices with their leading dimensions (and the block).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm_acc(
     m: usize,

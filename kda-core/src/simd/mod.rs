@@ -377,6 +377,7 @@ pub fn exp_in_place(isa: Isa, x: &mut [f32]) {
 ///
 /// If a slice is too short for the shape (an internal bug), nothing is computed and an
 /// [`KdaError::Internal`] error is returned.
+// BLAS-style: the shape (m, n, k) and three matrices with their leading dimensions.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub fn gemm_acc(

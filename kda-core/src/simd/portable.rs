@@ -33,6 +33,7 @@ pub(super) fn exp_in_place(x: &mut [f32]) {
     }
 }
 
+// BLAS-style: the shape (m, n, k) and three matrices with their leading dimensions.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_acc(
     m: usize,
