@@ -70,6 +70,9 @@ pub mod quant;
 mod simd;
 pub mod weights;
 
+#[cfg(test)]
+mod test_rng;
+
 pub use backend::{Cpu, KdaBackend};
 pub use cache::{k_first_to_v_first, v_first_to_k_first, CachesMut};
 pub use config::{DecayGate, GateProj, KdaConfig};

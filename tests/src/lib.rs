@@ -240,6 +240,30 @@ impl Fixture {
     }
 }
 
+/// Caches of `n` sequences filled with seeded normals (σ = 0.5), as initial caches.
+pub fn random_caches(cfg: &KdaConfig, n: usize, rng: &mut kda_host::rng::Rng) -> SequenceCaches {
+    let mut c = SequenceCaches::new(cfg, n).unwrap();
+    for v in [
+        &mut c.recurrent,
+        &mut c.conv_q,
+        &mut c.conv_k,
+        &mut c.conv_v,
+    ] {
+        let len = v.len();
+        *v = rng.normals(len, 0.5);
+    }
+    c
+}
+
+/// Every cache of `c` as one flat vector: recurrent, then the q, k and v conv states.
+pub fn flat_caches(c: &SequenceCaches) -> Vec<f32> {
+    let mut v = c.recurrent.clone();
+    for conv in [&c.conv_q, &c.conv_k, &c.conv_v] {
+        v.extend_from_slice(conv);
+    }
+    v
+}
+
 /// `RMS(a − b) / RMS(b)` in f64 (0 when both are all zero).
 pub fn rel_rms(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len(), "length mismatch");

@@ -1,6 +1,7 @@
 //! The chunked (WY/UT) kernel against the token-by-token recurrence, and against fla's
 //! `naive_chunk_kda` fixture; the layer in chunked mode against the layer in recurrent mode.
 
+use kda_conformance::random_caches;
 use kda_conformance::{rel_rms, CpuHarness, Fixture, Harness};
 use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks};
 use kda_core::ops::gate::decay_gate;
@@ -205,20 +206,6 @@ fn cfg_strategy() -> impl Strategy<Value = KdaConfig> {
             },
             ..KdaConfig::kimi_linear(hidden, heads, k)
         })
-}
-
-fn random_caches(cfg: &KdaConfig, n: usize, r: &mut Rng) -> SequenceCaches {
-    let mut c = SequenceCaches::new(cfg, n).unwrap();
-    for v in [
-        &mut c.recurrent,
-        &mut c.conv_q,
-        &mut c.conv_k,
-        &mut c.conv_v,
-    ] {
-        let len = v.len();
-        *v = r.normals(len, 0.5);
-    }
-    c
 }
 
 proptest! {

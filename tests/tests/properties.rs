@@ -2,6 +2,7 @@
 //! forward, split-and-hand-over == whole, packed == separate, block size irrelevant, and the
 //! K-first/V-first round trip.
 
+use kda_conformance::random_caches;
 use kda_conformance::{CpuHarness, Harness};
 use kda_core::{
     k_first_to_v_first, v_first_to_k_first, DecayGate, GateProj, InitialCaches, KdaConfig,
@@ -55,21 +56,6 @@ fn layer(cfg: KdaConfig, bf16: bool, seed: u64) -> OwnedLayer {
         WeightDtype::F32
     };
     OwnedLayer::random(cfg, dtype, seed).unwrap()
-}
-
-/// Caches with random contents (a sequence that already has history).
-fn random_caches(cfg: &KdaConfig, n: usize, rng: &mut Rng) -> SequenceCaches {
-    let mut c = SequenceCaches::new(cfg, n).unwrap();
-    for v in [
-        &mut c.recurrent,
-        &mut c.conv_q,
-        &mut c.conv_k,
-        &mut c.conv_v,
-    ] {
-        let len = v.len();
-        *v = rng.normals(len, 0.5);
-    }
-    c
 }
 
 proptest! {

@@ -2,21 +2,13 @@
 //! exactly that prefix; resuming from a snapshot equals the full run; snapshots on the chunk
 //! grid leave the outputs bitwise unchanged.
 
+use kda_conformance::{flat_caches, random_caches};
 use kda_core::{
     snapshot_count, snapshot_positions, Batch, CachesMut, ForwardOptions, InitialCaches, KdaConfig,
     KdaLayer, Mode, Serial, SnapshotPos, Snapshots,
 };
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
-
-/// Caches of one sequence as one flat vector (recurrent, then q, k, v conv).
-fn flat(c: &SequenceCaches) -> Vec<f32> {
-    let mut v = c.recurrent.clone();
-    for conv in [&c.conv_q, &c.conv_k, &c.conv_v] {
-        v.extend_from_slice(conv);
-    }
-    v
-}
 
 /// Snapshot `m` of `snaps` as one flat vector, in the order of [`flat`].
 fn snapshot(cfg: &KdaConfig, snaps: &SequenceCaches, m: usize) -> Vec<f32> {
@@ -98,20 +90,6 @@ fn from_snapshot(cfg: &KdaConfig, snaps: &SequenceCaches, m: usize) -> SequenceC
     one(cfg, snaps, m)
 }
 
-fn random_caches(cfg: &KdaConfig, n: usize, rng: &mut Rng) -> SequenceCaches {
-    let mut c = SequenceCaches::new(cfg, n).unwrap();
-    for buf in [
-        &mut c.recurrent,
-        &mut c.conv_q,
-        &mut c.conv_k,
-        &mut c.conv_v,
-    ] {
-        let v = rng.normals(buf.len(), 0.3);
-        buf.copy_from_slice(&v);
-    }
-    c
-}
-
 fn random_positions(cu: &[usize], rng: &mut Rng) -> Vec<SnapshotPos> {
     let mut at = Vec::new();
     for (seq, p) in cu.windows(2).enumerate() {
@@ -179,7 +157,11 @@ fn snapshots_equal_prefix_runs_and_resuming_equals_the_full_run() {
                         // On the chunk grid (or recurrent): bitwise the run without snapshots.
                         let plain = run(&layer, &x, &cu, &init, None, block);
                         assert_eq!(with.out, plain.out, "{what}: outputs");
-                        assert_eq!(flat(&with.caches), flat(&plain.caches), "{what}: caches");
+                        assert_eq!(
+                            flat_caches(&with.caches),
+                            flat_caches(&plain.caches),
+                            "{what}: caches"
+                        );
                     }
                     for (m, p) in at.iter().enumerate() {
                         let (s0, s1) = (cu[p.seq], cu[p.seq] + p.pos);
@@ -189,7 +171,7 @@ fn snapshots_equal_prefix_runs_and_resuming_equals_the_full_run() {
                         let prefix =
                             run(&layer, &x[s0 * h..s1 * h], &[0, p.pos], &start, None, block);
                         let got = snapshot(&cfg, &with.snaps, m);
-                        let want = flat(&prefix.caches);
+                        let want = flat_caches(&prefix.caches);
                         // Bitwise in recurrent mode and on the chunk grid; elsewhere the grid
                         // restarts at earlier off-grid snapshots (and Auto may pick another
                         // form for the shorter prefix), so within rounding.
@@ -213,14 +195,14 @@ fn snapshots_equal_prefix_runs_and_resuming_equals_the_full_run() {
                             block,
                         );
                         let full_rest = &with.out[s1 * h..end * h];
-                        let full_caches = flat(&one(&cfg, &with.caches, p.seq));
+                        let full_caches = flat_caches(&one(&cfg, &with.caches, p.seq));
                         if !exact {
                             let e = rel(&rest.out, full_rest);
                             assert!(e <= 1e-5, "{what} resume {p:?}: {e:.2e}");
                         } else {
                             assert_eq!(rest.out, full_rest, "{what}: resumed outputs {p:?}");
                             assert_eq!(
-                                flat(&rest.caches),
+                                flat_caches(&rest.caches),
                                 full_caches,
                                 "{what}: resumed caches {p:?}"
                             );

@@ -2,34 +2,13 @@
 //! commit(n) leaves the caches bitwise as n decode steps would, and the first n outputs of the
 //! verify are those steps' outputs.
 
+use kda_conformance::{flat_caches, random_caches};
 use kda_core::{
     commit_workspace_len, rollback_len, ForwardOptions, KdaConfig, KdaLayer, Rollback, Serial,
 };
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
 use proptest::prelude::*;
-
-fn flat(c: &SequenceCaches) -> Vec<f32> {
-    let mut v = c.recurrent.clone();
-    for conv in [&c.conv_q, &c.conv_k, &c.conv_v] {
-        v.extend_from_slice(conv);
-    }
-    v
-}
-
-fn random_caches(cfg: &KdaConfig, n: usize, rng: &mut Rng) -> SequenceCaches {
-    let mut c = SequenceCaches::new(cfg, n).unwrap();
-    for buf in [
-        &mut c.recurrent,
-        &mut c.conv_q,
-        &mut c.conv_k,
-        &mut c.conv_v,
-    ] {
-        let v = rng.normals(buf.len(), 0.3);
-        buf.copy_from_slice(&v);
-    }
-    c
-}
 
 /// Sequence `s` of `all` as a one-sequence cache.
 fn one(cfg: &KdaConfig, all: &SequenceCaches, s: usize) -> SequenceCaches {
@@ -91,7 +70,11 @@ fn verify_commit_matches_decode(
     layer
         .verify(x, &mut out, rollback, caches.as_mut(), &mut ws, &Serial)
         .unwrap();
-    assert_eq!(flat(caches), flat(&before), "verify changed the caches");
+    assert_eq!(
+        flat_caches(caches),
+        flat_caches(&before),
+        "verify changed the caches"
+    );
     let rollback = Rollback {
         drafts: d,
         data: &mut record,
@@ -110,8 +93,8 @@ fn verify_commit_matches_decode(
             "outputs of seq {s}, n {acc}"
         );
         assert_eq!(
-            flat(&one(&cfg, caches, s)),
-            flat(&want),
+            flat_caches(&one(&cfg, caches, s)),
+            flat_caches(&want),
             "caches of seq {s}, n {acc}, D {d}"
         );
     }

@@ -653,12 +653,7 @@ mod tests {
         s0: Vec<f32>,
     }
 
-    fn rng(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::test_rng::uniform as rng;
 
     fn unit_rows(x: &mut [f32], kd: usize) {
         for r in x.chunks_mut(kd) {
@@ -742,10 +737,7 @@ mod tests {
                 state: &mut scc,
                 scale,
             },
-            Chunks {
-                size: chunk,
-                first,
-            },
+            Chunks { size: chunk, first },
             &mut scr,
         )
         .unwrap();

@@ -463,12 +463,7 @@ pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Resu
 mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use crate::test_rng::uniform as lcg;
 
     #[test]
     fn linear_matches_f64_reference_for_every_format() {

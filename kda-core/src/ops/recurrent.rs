@@ -220,11 +220,8 @@ mod tests {
     #[test]
     fn step_matches_dense_matrix_form() {
         let (kd, vd) = (5usize, 3usize);
-        let mut s = 3u32;
-        let mut r = || {
-            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-            ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut s = 3u64;
+        let mut r = || crate::test_rng::uniform(&mut s);
         let q: Vec<f32> = (0..kd).map(|_| r()).collect();
         let k: Vec<f32> = (0..kd).map(|_| r() * 0.4).collect();
         let v: Vec<f32> = (0..vd).map(|_| r()).collect();

@@ -447,13 +447,8 @@ mod tests {
     use std::vec::Vec;
 
     fn rnd(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        let mut s = seed as u64;
+        (0..n).map(|_| crate::test_rng::uniform(&mut s)).collect()
     }
 
     fn close(a: f32, b: f32, tol: f32) -> bool {
