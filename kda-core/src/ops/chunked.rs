@@ -699,6 +699,38 @@ mod tests {
         (n / d.max(1e-300)).sqrt()
     }
 
+    /// The case through `run`: its outputs and final state.
+    fn outputs(
+        c: &Case,
+        kd: usize,
+        run: impl FnOnce(HeadRows<'_>) -> Result<(), KdaError>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (mut v, mut s) = (c.v.clone(), c.s0.clone());
+        let rows = HeadRows {
+            q: &c.q,
+            k: &c.k,
+            g: &c.g,
+            beta: &c.beta,
+            v_o: &mut v,
+            state: &mut s,
+            scale: 1.0 / (kd as f32).sqrt(),
+        };
+        run(rows).unwrap();
+        (v, s)
+    }
+
+    /// The recurrence's outputs and final state (portable path).
+    fn recurrent(c: &Case, kd: usize, vd: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut scr = std::vec![0.0; recurrent_scratch_len(kd, vd)];
+        outputs(c, kd, |rows| recurrent_head(Isa::Portable, rows, &mut scr))
+    }
+
+    /// The chunked kernel's outputs and final state.
+    fn chunked(c: &Case, kd: usize, vd: usize, chunks: Chunks, isa: Isa) -> (Vec<f32>, Vec<f32>) {
+        let mut scr = std::vec![0.0; chunked_scratch_len(chunks.size, kd, vd)];
+        outputs(c, kd, |rows| chunked_head(isa, rows, chunks, &mut scr))
+    }
+
     fn run_both(
         c: &Case,
         kd: usize,
@@ -707,40 +739,8 @@ mod tests {
         first: usize,
         isa: Isa,
     ) -> (f64, f64) {
-        let scale = 1.0 / (kd as f32).sqrt();
-        let (mut vr, mut sr) = (c.v.clone(), c.s0.clone());
-        let mut scr = std::vec![0.0; recurrent_scratch_len(kd, vd)];
-        recurrent_head(
-            Isa::Portable,
-            HeadRows {
-                q: &c.q,
-                k: &c.k,
-                g: &c.g,
-                beta: &c.beta,
-                v_o: &mut vr,
-                state: &mut sr,
-                scale,
-            },
-            &mut scr,
-        )
-        .unwrap();
-        let (mut vc, mut scc) = (c.v.clone(), c.s0.clone());
-        let mut scr = std::vec![0.0; chunked_scratch_len(chunk, kd, vd)];
-        chunked_head(
-            isa,
-            HeadRows {
-                q: &c.q,
-                k: &c.k,
-                g: &c.g,
-                beta: &c.beta,
-                v_o: &mut vc,
-                state: &mut scc,
-                scale,
-            },
-            Chunks { size: chunk, first },
-            &mut scr,
-        )
-        .unwrap();
+        let (vr, sr) = recurrent(c, kd, vd);
+        let (vc, scc) = chunked(c, kd, vd, Chunks { size: chunk, first }, isa);
         assert!(
             vc.iter().chain(&scc).all(|x| x.is_finite()),
             "non-finite chunked result"
@@ -798,44 +798,9 @@ mod tests {
                     3 => c.g[bad * kd + 1] = f32::NAN,
                     _ => c.beta[bad] = f32::NAN,
                 }
-                let scale = 1.0 / (kd as f32).sqrt();
-                let (mut vr, mut sr) = (c.v.clone(), c.s0.clone());
-                let mut scr = std::vec![0.0; recurrent_scratch_len(kd, kd)];
-                recurrent_head(
-                    Isa::Portable,
-                    HeadRows {
-                        q: &c.q,
-                        k: &c.k,
-                        g: &c.g,
-                        beta: &c.beta,
-                        v_o: &mut vr,
-                        state: &mut sr,
-                        scale,
-                    },
-                    &mut scr,
-                )
-                .unwrap();
+                let (vr, _) = recurrent(&c, kd, kd);
                 for chunk in [4usize, 16, 64] {
-                    let (mut vc, mut sc) = (c.v.clone(), c.s0.clone());
-                    let mut scr = std::vec![0.0; chunked_scratch_len(chunk, kd, kd)];
-                    chunked_head(
-                        isa,
-                        HeadRows {
-                            q: &c.q,
-                            k: &c.k,
-                            g: &c.g,
-                            beta: &c.beta,
-                            v_o: &mut vc,
-                            state: &mut sc,
-                            scale,
-                        },
-                        Chunks {
-                            size: chunk,
-                            first: chunk,
-                        },
-                        &mut scr,
-                    )
-                    .unwrap();
+                    let (vc, _) = chunked(&c, kd, kd, Chunks::of(chunk), isa);
                     let early = ..bad * kd;
                     assert!(
                         vc[early].iter().all(|x| x.is_finite()),
@@ -871,56 +836,23 @@ mod tests {
         let c = case(4, 8, 8, 0, 1);
         let (mut v, mut s) = (c.v.clone(), c.s0.clone());
         let mut scr = std::vec![0.0; 10];
-        let e = chunked_head(
-            Isa::Portable,
-            HeadRows {
-                q: &c.q,
+        let mut run = |q: &[f32], chunks: Chunks| {
+            let rows = HeadRows {
+                q,
                 k: &c.k,
                 g: &c.g,
                 beta: &c.beta,
                 v_o: &mut v,
                 state: &mut s,
                 scale: 1.0,
-            },
-            Chunks {
-                size: 16,
-                first: 16,
-            },
-            &mut scr,
-        );
-        assert!(matches!(e, Err(KdaError::TooSmall { .. })));
-        let e = chunked_head(
-            Isa::Portable,
-            HeadRows {
-                q: &c.q,
-                k: &c.k,
-                g: &c.g,
-                beta: &c.beta,
-                v_o: &mut v,
-                state: &mut s,
-                scale: 1.0,
-            },
-            Chunks { size: 0, first: 1 },
-            &mut scr,
-        );
-        assert!(matches!(e, Err(KdaError::Config { .. })));
-        let e = chunked_head(
-            Isa::Portable,
-            HeadRows {
-                q: &c.q[1..],
-                k: &c.k,
-                g: &c.g,
-                beta: &c.beta,
-                v_o: &mut v,
-                state: &mut s,
-                scale: 1.0,
-            },
-            Chunks {
-                size: 16,
-                first: 16,
-            },
-            &mut scr,
-        );
-        assert!(e.is_err());
+            };
+            chunked_head(Isa::Portable, rows, chunks, &mut scr)
+        };
+        let e = run(&c.q, Chunks::of(16));
+        assert!(matches!(e, Err(KdaError::TooSmall { .. })), "{e:?}");
+        let e = run(&c.q, Chunks { size: 0, first: 1 });
+        assert!(matches!(e, Err(KdaError::Config { .. })), "{e:?}");
+        let e = run(&c.q[1..], Chunks::of(16));
+        assert!(matches!(e, Err(KdaError::Length { .. })), "{e:?}");
     }
 }
