@@ -5,7 +5,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kda_core::{
-    workspace_len, Batch, ForwardOptions, InitialCaches, KdaConfig, KdaLayer, Mode, Serial,
+    commit_workspace_len, rollback_len, workspace_len, Batch, ForwardOptions, InitialCaches,
+    KdaConfig, KdaLayer, Mode, Rollback, Serial, SnapshotPos, Snapshots,
 };
 use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
@@ -35,7 +36,14 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+// One test function: the counter is global, so a second test running in parallel would count
+// its allocations here.
 #[test]
+fn nothing_allocates() {
+    forward_and_decode_allocate_nothing();
+    snapshots_verify_and_commit_allocate_nothing();
+}
+
 fn forward_and_decode_allocate_nothing() {
     for cfg in [
         KdaConfig::kimi_linear(40, 2, 16),
@@ -81,4 +89,62 @@ fn forward_and_decode_allocate_nothing() {
         assert_eq!(during, 0, "the layer allocated {during} times");
         assert!(out.iter().all(|v| v.is_finite()));
     }
+}
+
+fn snapshots_verify_and_commit_allocate_nothing() {
+    let cfg = KdaConfig::kimi_linear(40, 2, 16);
+    let owned = OwnedLayer::random(cfg, WeightDtype::Bf16, 5).unwrap();
+    let layer = owned.kda_layer(ForwardOptions::default()).unwrap();
+    let mut caches = SequenceCaches::new(&cfg, 2).unwrap();
+    let x = Rng::new(1).normals(40 * cfg.hidden, 1.0);
+    let mut out = vec![0.0; x.len()];
+    let cu = [0usize, 17, 40];
+    let at = [
+        SnapshotPos { seq: 0, pos: 16 },
+        SnapshotPos { seq: 1, pos: 5 },
+        SnapshotPos { seq: 1, pos: 23 },
+    ];
+    let mut snaps = SequenceCaches::new(&cfg, at.len()).unwrap();
+    let d = 4;
+    let mut record = vec![0.0; rollback_len(&cfg, 2, d).unwrap()];
+    let ws_len = layer
+        .workspace_len(20, 1)
+        .unwrap()
+        .max(layer.verify_workspace_len(2, d, 1).unwrap())
+        .max(commit_workspace_len(&cfg, 1).unwrap());
+    let mut ws = vec![0.0; ws_len];
+
+    let before = ALLOCS.load(Ordering::SeqCst);
+    let batch = Batch {
+        x: &x,
+        cu_seqlens: &cu,
+        out: &mut out,
+    };
+    let s = Snapshots {
+        at: &at,
+        states: snaps.as_mut(),
+    };
+    let init = InitialCaches::Zero;
+    layer
+        .forward_with_snapshots(batch, s, caches.as_mut(), init, &mut ws, &Serial)
+        .unwrap();
+    let drafts = &x[..2 * d * cfg.hidden];
+    let rb = Rollback {
+        drafts: d,
+        data: &mut record,
+    };
+    let o = &mut out[..2 * d * cfg.hidden];
+    layer
+        .verify(drafts, o, rb, caches.as_mut(), &mut ws, &Serial)
+        .unwrap();
+    let rb = Rollback {
+        drafts: d,
+        data: &mut record,
+    };
+    layer
+        .commit(&rb, &[3, 1], caches.as_mut(), &mut ws, &Serial)
+        .unwrap();
+    let during = ALLOCS.load(Ordering::SeqCst) - before;
+    assert_eq!(during, 0, "allocated {during} times");
+    assert!(snaps.recurrent.iter().all(|v| v.is_finite()));
 }
