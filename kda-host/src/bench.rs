@@ -272,6 +272,8 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         return Err(HostError::Invalid("--batch must be at least 1".into()));
     }
     let cfg = opts.preset.config();
+    // The buffers sized by the options first: a batch too large fails before the measurements.
+    let mut caches = SequenceCaches::try_new(&cfg, opts.batch)?;
     let bw = measure_bandwidth(256 << 20, opts.threads > 1)?;
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
     let base = layer.weights()?;
@@ -304,7 +306,6 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
             opts.threads, bw.copy, bw.read
         ),
     )?;
-    let mut caches = SequenceCaches::try_new(&cfg, opts.batch)?;
     let mut runner = Runner::default();
     let mut rng = Rng::new(opts.seed ^ 0xbe9c);
     let hd = cfg.hidden;
@@ -312,19 +313,29 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     // Prefill: `batch` sequences of `prompt` tokens, in slices so a bar can move (as large as
     // the runner's blocks, so the slicing does not change the work).
     let slice = 256usize;
-    let mut bar = Progress::new("prefill", opts.prompt * opts.batch, opts.progress);
-    let xs: Vec<Vec<f32>> = (0..opts.batch)
-        .map(|_| rng.normals(opts.prompt * hd, 1.0))
-        .collect();
+    let total = opts
+        .prompt
+        .checked_mul(opts.batch)
+        .ok_or_else(|| HostError::Invalid("--prompt × --batch: too many tokens".into()))?;
+    let mut bar = Progress::new("prefill", total, opts.progress);
+    // One generator per sequence, so each slice's rows are drawn when needed (not every prompt
+    // up front) and each sequence's prompt is the same however it is sliced.
+    let mut seq_rngs: Vec<Rng> = (0..opts.batch).map(|_| Rng::new(rng.next_u64())).collect();
     let t = Instant::now();
     let mut t0 = 0;
     let mut sum_sq = 0.0f64;
     while t0 < opts.prompt || t0 == 0 {
         let t1 = opts.prompt.min(t0 + slice);
         let len = t1 - t0;
-        let mut x = Vec::with_capacity(len * hd * opts.batch);
-        for s in &xs {
-            x.extend_from_slice(&s[t0 * hd..t1 * hd]);
+        let values = opts.batch.checked_mul(len * hd).ok_or_else(|| {
+            HostError::Invalid("--batch × the prefill slice: too many values".into())
+        })?;
+        let mut x = crate::error::try_zeroed::<f32>(
+            values,
+            "the prefill slice (--batch sequences × 256 tokens × hidden)",
+        )?;
+        for (row, r) in x.chunks_exact_mut(len * hd).zip(&mut seq_rngs) {
+            row.iter_mut().for_each(|v| *v = r.normal());
         }
         let cu: Vec<usize> = (0..=opts.batch).map(|i| i * len).collect();
         let init = if t0 == 0 {
@@ -342,7 +353,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     }
     bar.finish();
     let dt = t.elapsed().as_secs_f64().max(1e-9);
-    let toks = (opts.prompt * opts.batch) as f64;
+    let toks = total as f64;
     let fpt = flops_per_token(&layer);
     w(
         out,

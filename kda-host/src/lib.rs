@@ -23,7 +23,9 @@
 pub mod bench;
 pub mod cache;
 pub mod checkpoint;
+pub mod cli;
 pub mod error;
+pub mod fsio;
 pub mod io;
 pub mod layer;
 pub mod log;

@@ -17,8 +17,11 @@ use std::path::Path;
 use kda_core::KdaConfig;
 
 use crate::cache::SequenceCaches;
-use crate::checkpoint::safetensors::{serialize, Buffer, OutTensor, SafetensorsFile};
+use crate::checkpoint::safetensors::{
+    layout, stage_tensors, Buffer, FileLayout, SafetensorsFile, TensorRef,
+};
 use crate::error::{HostError, Result};
+use crate::fsio::Staged;
 use crate::model::{Model, ModelCache};
 
 /// Name of the recurrent state.
@@ -35,30 +38,39 @@ fn shapes(cfg: &KdaConfig, n: usize) -> (Vec<usize>, Vec<usize>) {
     )
 }
 
-/// The tensors of one layer's state, names prefixed with `prefix`.
-pub fn state_tensors(prefix: &str, cfg: &KdaConfig, c: &SequenceCaches) -> Vec<OutTensor> {
+/// The tensors of one layer's state, names prefixed with `prefix` (borrowing the caches).
+pub fn state_tensors<'a>(
+    prefix: &str,
+    cfg: &KdaConfig,
+    c: &'a SequenceCaches,
+) -> Vec<TensorRef<'a>> {
     let (rs, cs) = shapes(cfg, c.sequences);
     vec![
-        OutTensor::f32(format!("{prefix}{RECURRENT_STATE}"), rs, &c.recurrent),
-        OutTensor::f32(format!("{prefix}{}", CONV_STATES[0]), cs.clone(), &c.conv_q),
-        OutTensor::f32(format!("{prefix}{}", CONV_STATES[1]), cs.clone(), &c.conv_k),
-        OutTensor::f32(format!("{prefix}{}", CONV_STATES[2]), cs, &c.conv_v),
+        TensorRef::f32(format!("{prefix}{RECURRENT_STATE}"), rs, &c.recurrent),
+        TensorRef::f32(format!("{prefix}{}", CONV_STATES[0]), cs.clone(), &c.conv_q),
+        TensorRef::f32(format!("{prefix}{}", CONV_STATES[1]), cs.clone(), &c.conv_k),
+        TensorRef::f32(format!("{prefix}{}", CONV_STATES[2]), cs, &c.conv_v),
     ]
 }
 
-/// The bytes of a one-layer state file.
+/// The bytes of a one-layer state file (in memory; files are streamed by [`write_state`]).
 pub fn state_bytes(cfg: &KdaConfig, c: &SequenceCaches) -> Result<Vec<u8>> {
-    serialize(&state_tensors("", cfg, c), &BTreeMap::new(), "state")
+    let l = layout(state_tensors("", cfg, c), &BTreeMap::new(), "state")?;
+    let mut out = crate::fsio::try_buffer(l.file_len() as u64, || "a state file".into())?;
+    l.write_to(&mut out)
+        .map_err(|e| HostError::file("state", e.to_string()))?;
+    Ok(out)
 }
 
-/// Writes a one-layer state file.
+/// Writes a one-layer state file to a temporary beside `path`, streamed (the header, then
+/// each tensor), ready to be renamed into place.
+pub fn stage_state(path: &Path, cfg: &KdaConfig, c: &SequenceCaches) -> Result<Staged> {
+    stage_tensors(path, state_tensors("", cfg, c), &BTreeMap::new())
+}
+
+/// Replaces `path` atomically with a one-layer state file, streamed.
 pub fn write_state(path: &Path, cfg: &KdaConfig, c: &SequenceCaches) -> Result<()> {
-    let bytes = serialize(
-        &state_tensors("", cfg, c),
-        &BTreeMap::new(),
-        &path.display().to_string(),
-    )?;
-    std::fs::write(path, bytes).map_err(|e| HostError::io(path, e))
+    stage_state(path, cfg, c)?.commit()
 }
 
 /// Reads one layer's state (names prefixed with `prefix`) from `f`. `sequences`: the `N` the
@@ -142,8 +154,7 @@ fn layer_prefix(layer: usize) -> String {
 }
 
 impl ModelCache {
-    /// The bytes of a model cache file.
-    pub fn to_bytes(&self, model: &Model) -> Result<Vec<u8>> {
+    fn file_layout(&self, model: &Model, file: &str) -> Result<FileLayout<'_>> {
         let mut t = Vec::new();
         for (i, c) in &self.layers {
             let cfg = &model.layer(*i)?.cfg;
@@ -153,13 +164,22 @@ impl ModelCache {
             ("format".to_string(), MODEL_CACHE_FORMAT.to_string()),
             ("sequences".to_string(), self.sequences.to_string()),
         ]);
-        serialize(&t, &meta, "model cache")
+        layout(t, &meta, file)
     }
 
-    /// Saves to `path`.
+    /// The bytes of a model cache file.
+    pub fn to_bytes(&self, model: &Model) -> Result<Vec<u8>> {
+        let l = self.file_layout(model, "model cache")?;
+        let mut out = crate::fsio::try_buffer(l.file_len() as u64, || "a model cache".into())?;
+        l.write_to(&mut out)
+            .map_err(|e| HostError::file("model cache", e.to_string()))?;
+        Ok(out)
+    }
+
+    /// Saves to `path`: replaced atomically, streamed.
     pub fn save(&self, path: &Path, model: &Model) -> Result<()> {
-        let bytes = self.to_bytes(model)?;
-        std::fs::write(path, bytes).map_err(|e| HostError::io(path, e))
+        let l = self.file_layout(model, &path.display().to_string())?;
+        crate::fsio::write_atomic(path, |w| l.write_to(w))
     }
 
     /// Parses a model cache file's bytes for `model` (it must hold every loaded layer, all with
