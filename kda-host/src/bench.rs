@@ -273,6 +273,15 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     }
     let cfg = opts.preset.config();
     // The buffers sized by the options first: a batch too large fails before the measurements.
+    let slice = 256usize;
+    let slice_values = opts
+        .batch
+        .checked_mul(opts.prompt.clamp(1, slice) * cfg.hidden)
+        .ok_or_else(|| HostError::Invalid("--batch: too many sequences".into()))?;
+    let mut slice_buf = crate::error::try_zeroed::<f32>(
+        slice_values,
+        "the prefill slice (--batch sequences × up to 256 tokens × hidden)",
+    )?;
     let mut caches = SequenceCaches::try_new(&cfg, opts.batch)?;
     let bw = measure_bandwidth(256 << 20, opts.threads > 1)?;
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
@@ -312,7 +321,6 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
 
     // Prefill: `batch` sequences of `prompt` tokens, in slices so a bar can move (as large as
     // the runner's blocks, so the slicing does not change the work).
-    let slice = 256usize;
     let total = opts
         .prompt
         .checked_mul(opts.batch)
@@ -327,13 +335,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     while t0 < opts.prompt || t0 == 0 {
         let t1 = opts.prompt.min(t0 + slice);
         let len = t1 - t0;
-        let values = opts.batch.checked_mul(len * hd).ok_or_else(|| {
-            HostError::Invalid("--batch × the prefill slice: too many values".into())
-        })?;
-        let mut x = crate::error::try_zeroed::<f32>(
-            values,
-            "the prefill slice (--batch sequences × 256 tokens × hidden)",
-        )?;
+        let x = &mut slice_buf[..opts.batch * len * hd];
         for (row, r) in x.chunks_exact_mut(len * hd).zip(&mut seq_rngs) {
             row.iter_mut().for_each(|v| *v = r.normal());
         }
@@ -343,7 +345,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         } else {
             InitialCaches::Given
         };
-        let y = runner.forward_weights(&cfg, &wts, &x, &cu, &mut caches, init, Mode::Auto)?;
+        let y = runner.forward_weights(&cfg, &wts, x, &cu, &mut caches, init, Mode::Auto)?;
         sum_sq += y.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
         bar.inc(len * opts.batch);
         t0 = t1;

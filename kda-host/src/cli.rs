@@ -200,9 +200,16 @@ fn check_tokens(prompt: usize, batch: usize, hidden: usize) -> Result<(), String
         .and_then(|v| v.checked_mul(4));
     match values {
         Some(b) if b <= isize::MAX as usize => Ok(()),
-        _ => Err(format!(
-            "--prompt {prompt} × --batch {batch} × hidden {hidden} f32 values do not fit in memory"
-        )),
+        _ => {
+            let batch = if batch == 1 {
+                String::new()
+            } else {
+                format!(" × --batch {batch}")
+            };
+            Err(format!(
+                "--prompt {prompt}{batch} × hidden {hidden} f32 values do not fit in memory"
+            ))
+        }
     }
 }
 
