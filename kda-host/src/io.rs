@@ -40,7 +40,7 @@ impl Input {
     /// Parses an input file's bytes for a model of width `hidden`; `file` names it in errors.
     pub fn parse(bytes: &[u8], file: &str, hidden: usize) -> Result<Self> {
         Self::from_file(
-            &SafetensorsFile::parse(file, Buffer::Owned(bytes.to_vec()))?,
+            &SafetensorsFile::parse(file, Buffer::copy_of(bytes, file)?)?,
             hidden,
         )
     }
@@ -120,7 +120,10 @@ pub fn validate_cu_seqlens(raw: &[i64], tokens: usize) -> Result<Vec<usize>, Str
         ));
     }
     // Non-decreasing from 0 to T ≤ usize::MAX: every entry fits.
-    Ok(raw.iter().map(|&v| v as usize).collect())
+    crate::checkpoint::safetensors::try_collect(raw.iter().map(|&v| v as usize), || {
+        "the sequence offsets".into()
+    })
+    .map_err(|e| e.to_string())
 }
 
 fn input_tensors<'a>(x: &'a [f32], hidden: usize, cu: Option<&'a [i64]>) -> Vec<TensorRef<'a>> {

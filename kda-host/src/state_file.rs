@@ -136,7 +136,7 @@ pub fn parse_state(
     cfg: &KdaConfig,
     sequences: Option<usize>,
 ) -> Result<SequenceCaches> {
-    let f = SafetensorsFile::parse(file, Buffer::Owned(bytes.to_vec()))?;
+    let f = SafetensorsFile::parse(file, Buffer::copy_of(bytes, file)?)?;
     read_layer_state(&f, "", cfg, sequences)
 }
 
@@ -186,7 +186,7 @@ impl ModelCache {
     /// the same `N`); `file` names it in errors.
     pub fn from_bytes(bytes: &[u8], file: &str, model: &Model) -> Result<Self> {
         Self::from_file(
-            &SafetensorsFile::parse(file, Buffer::Owned(bytes.to_vec()))?,
+            &SafetensorsFile::parse(file, Buffer::copy_of(bytes, file)?)?,
             model,
         )
     }

@@ -54,6 +54,13 @@ impl Buffer {
         Ok(Buffer::Mapped(map))
     }
 
+    /// A copy of `bytes` (allocated fallibly; `file` names them in the error).
+    pub fn copy_of(bytes: &[u8], file: &str) -> Result<Self> {
+        let mut v = crate::fsio::try_buffer(bytes.len() as u64, || format!("a copy of {file}"))?;
+        v.extend_from_slice(bytes);
+        Ok(Buffer::Owned(v))
+    }
+
     /// Reads `path` (a regular file) into memory.
     pub fn read(path: &Path) -> Result<Self> {
         crate::fsio::read_regular(path).map(Buffer::Owned)
@@ -689,4 +696,80 @@ pub fn write_file(
         tensors.iter().map(OutTensor::view).collect(),
         metadata,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<OutTensor> {
+        vec![
+            OutTensor::f32("b", vec![2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            OutTensor {
+                name: "a".into(),
+                dtype: Dtype::BF16,
+                shape: vec![3],
+                bytes: vec![1, 2, 3, 4, 5, 6],
+            },
+            OutTensor::i64("c\"quoted\\name", &[7, -8]),
+        ]
+    }
+
+    #[test]
+    fn written_files_parse_with_the_reference_crate() {
+        let meta = BTreeMap::from([("format".to_string(), "pt \"x\"".to_string())]);
+        let b = serialize(&sample(), &meta, "f").unwrap();
+        let st = SafeTensors::deserialize(&b).unwrap();
+        for t in sample() {
+            let v = st.tensor(&t.name).unwrap();
+            assert_eq!(
+                (v.dtype(), v.shape(), v.data()),
+                (t.dtype, &t.shape[..], &t.bytes[..])
+            );
+            // Every tensor is aligned for its element type (the header is padded to 8 bytes).
+            let off = v.data().as_ptr() as usize - b.as_ptr() as usize;
+            assert_eq!(off % (t.dtype.bitsize() / 8), 0, "{}", t.name);
+        }
+        let (_, m) = SafeTensors::read_metadata(&b).unwrap();
+        assert_eq!(m.metadata().as_ref().unwrap()["format"], "pt \"x\"");
+        let h = parse_header(&b, "f").unwrap();
+        assert_eq!(h.tensors.len(), 3);
+    }
+
+    #[test]
+    fn writer_and_parser_reject_bad_names_and_sizes() {
+        let mut t = sample();
+        t.push(OutTensor::f32("b", vec![1], &[0.0]));
+        let e = serialize(&t, &BTreeMap::new(), "f")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`b`") && e.contains("repeated"), "{e}");
+        let mut t = sample();
+        t[0].shape = vec![2, 2];
+        let e = serialize(&t, &BTreeMap::new(), "f")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`b`") && e.contains("does not match"), "{e}");
+        // A header naming a tensor twice: the last would win silently.
+        let h = r#"{"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"y":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+        let mut b = (h.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(h.as_bytes());
+        b.extend_from_slice(&[1, 2]);
+        let e = parse_header(&b, "d.st").unwrap_err().to_string();
+        assert!(
+            e.contains("d.st") && e.contains("`x`") && e.contains("more than once"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn misaligned_copy_failure_is_an_error() {
+        let e = try_collect(0..usize::MAX, || "everything".into()).unwrap_err();
+        assert!(e.to_string().contains("everything"), "{e}");
+        let v = FloatVec::decode(&[0, 0x80, 0x3f, 0], FloatDtype::F32, String::new).unwrap();
+        assert_eq!(
+            v,
+            FloatVec::F32(vec![f32::from_le_bytes([0, 0x80, 0x3f, 0])])
+        );
+    }
 }
