@@ -609,7 +609,8 @@ pub fn layout<'a>(
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .and_then(|n| n.checked_mul(t.dtype.bitsize()))
-            .map(|bits| bits.div_ceil(8));
+            .filter(|bits| bits % 8 == 0)
+            .map(|bits| bits / 8);
         let len = t.data.byte_len();
         if want.is_none() || want != len {
             return Err(HostError::tensor(
