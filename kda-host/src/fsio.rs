@@ -192,12 +192,12 @@ pub fn check_output(path: &Path) -> Result<()> {
     let dir = folder(&dest);
     let problem = match std::fs::metadata(dir) {
         Ok(md) if md.is_dir() => return Ok(()),
-        Ok(md) => format!("is {}", kind(&md)),
-        Err(e) => e.to_string(),
+        Ok(md) => format!(" is {}", kind(&md)),
+        Err(e) => format!(": {e}"),
     };
     Err(HostError::file(
         path.display().to_string(),
-        format!("cannot be written: its folder {} {problem}", dir.display()),
+        format!("cannot be written: its folder {}{problem}", dir.display()),
     ))
 }
 

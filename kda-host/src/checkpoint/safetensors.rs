@@ -488,25 +488,34 @@ impl TensorData<'_> {
 
     /// Writes the little-endian bytes through a small buffer.
     fn write_to(&self, w: &mut dyn Write) -> std::io::Result<()> {
-        fn chunked<T: Copy, const N: usize>(
-            v: &[T],
-            w: &mut dyn Write,
-            le: impl Fn(T) -> [u8; N],
-        ) -> std::io::Result<()> {
-            let mut buf = Vec::with_capacity(1 << 16);
-            for piece in v.chunks((1 << 16) / N) {
-                buf.clear();
-                buf.extend(piece.iter().flat_map(|&x| le(x)));
-                w.write_all(&buf)?;
-            }
-            Ok(())
-        }
         match self {
             TensorData::Bytes(b) => w.write_all(b),
-            TensorData::F32(v) => chunked(v, w, f32::to_le_bytes),
-            TensorData::I64(v) => chunked(v, w, i64::to_le_bytes),
+            // Little-endian targets write the values' own bytes, without a copy.
+            TensorData::F32(v) if cfg!(target_endian = "little") => {
+                w.write_all(bytemuck::cast_slice(v))
+            }
+            TensorData::I64(v) if cfg!(target_endian = "little") => {
+                w.write_all(bytemuck::cast_slice(v))
+            }
+            TensorData::F32(v) => write_le(v, w, f32::to_le_bytes),
+            TensorData::I64(v) => write_le(v, w, i64::to_le_bytes),
         }
     }
+}
+
+/// Writes `v` as little-endian bytes through a small buffer (the portable path).
+fn write_le<T: Copy, const N: usize>(
+    v: &[T],
+    w: &mut dyn Write,
+    le: impl Fn(T) -> [u8; N],
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1 << 16);
+    for piece in v.chunks((1 << 16) / N) {
+        buf.clear();
+        buf.extend(piece.iter().flat_map(|&x| le(x)));
+        w.write_all(&buf)?;
+    }
+    Ok(())
 }
 
 /// One tensor to write, its values borrowed.
@@ -761,6 +770,21 @@ mod tests {
             e.contains("d.st") && e.contains("`x`") && e.contains("more than once"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn portable_and_in_place_writes_agree() {
+        let v: Vec<f32> = (0..40_000).map(|i| i as f32 * 0.37 - 5.0).collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        write_le(&v, &mut a, f32::to_le_bytes).unwrap();
+        TensorData::F32(&v).write_to(&mut b).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a, f32_bytes(&v));
+        let i: Vec<i64> = (0..20_000).map(|i| i * 1_000_003 - 7).collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        write_le(&i, &mut a, i64::to_le_bytes).unwrap();
+        TensorData::I64(&i).write_to(&mut b).unwrap();
+        assert_eq!(a, b);
     }
 
     #[test]
