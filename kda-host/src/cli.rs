@@ -111,19 +111,22 @@ pub enum Command {
         /// Input safetensors: `hidden_states` `[T, hidden]` F32/BF16/F16, optional `cu_seqlens` `[N+1]` I64/I32.
         #[arg(long, value_name = "IN")]
         input: PathBuf,
-        /// Output safetensors: `output` `[T, hidden]` F32.
+        /// Output safetensors: `output` `[T, hidden]` F32. Written only when the whole run
+        /// succeeded, replacing the file atomically.
         #[arg(long, value_name = "OUT")]
         output: PathBuf,
         /// Initial states (`recurrent_state` `[N,H,K,V]`, `conv_state_{q,k,v}` `[N,H·K,W−1]`, F32).
         #[arg(long, value_name = "S")]
         state_in: Option<PathBuf>,
-        /// Where to write the final states (same format).
+        /// Where to write the final states (same format; may be the `--state-in` file, which is
+        /// then replaced atomically).
         #[arg(long, value_name = "S")]
         state_out: Option<PathBuf>,
         /// Sequence path.
         #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
         mode: ModeArg,
-        /// Worker threads (default: the available cores).
+        /// Worker threads (default: the available cores; at most 1024, and at most 4× the cores
+        /// are used).
         #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
         threads: Option<usize>,
         /// Weight layout: `panels` (bf16 matrices repacked for the CPU kernels: one more copy
@@ -148,7 +151,8 @@ pub enum Command {
         /// Seed for the weights and inputs.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Worker threads (default: the available cores).
+        /// Worker threads (default: the available cores; at most 1024, and at most 4× the cores
+        /// are used).
         #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
         threads: Option<usize>,
         /// Weight layout: `panels` (repacked for the CPU kernels) or `rows` (checkpoint
