@@ -6,7 +6,7 @@
 //! file name to every error and the checks the KDA loader needs on top.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::ops::{Deref, Range};
 use std::path::Path;
 
@@ -122,12 +122,86 @@ pub fn parse_header(bytes: &[u8], file: &str) -> Result<Header> {
         };
         bad(one_line(&detail))
     })?;
-    if let Some(name) = duplicate_name(&bytes[8..8 + n]) {
+    header_from(&meta, &bytes[8..8 + n], bytes.len(), file)
+}
+
+/// The 8-byte length and the JSON header at the start of the file `file` of `file_len` bytes,
+/// read from `r` (so a large file's tensors can be read one by one, never all in memory).
+pub fn read_header_prefix(r: &mut dyn Read, file_len: u64, file: &str) -> Result<Vec<u8>> {
+    let bad = |reason: String| HostError::Safetensors {
+        file: file.to_string(),
+        reason,
+    };
+    let io = |e: std::io::Error| HostError::file(file, format!("cannot read: {e}"));
+    if file_len < 8 {
+        return Err(bad(format!(
+            "file is {file_len} bytes long, shorter than the 8-byte header length (truncated?)"
+        )));
+    }
+    let mut len = [0u8; 8];
+    r.read_exact(&mut len).map_err(io)?;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER_BYTES {
+        return Err(bad(format!(
+            "header length {n} is more than the {MAX_HEADER_BYTES} bytes allowed"
+        )));
+    }
+    if 8 + n > file_len {
+        return Err(bad(format!(
+            "header length {n} runs past the end of the file ({file_len} bytes; truncated?)"
+        )));
+    }
+    let mut head = len.to_vec();
+    head.resize(8 + n as usize, 0);
+    r.read_exact(&mut head[8..]).map_err(io)?;
+    Ok(head)
+}
+
+/// Parses and validates a header given as its first bytes `head` ([`read_header_prefix`]) and
+/// the length of the whole file: the same checks as [`parse_header`].
+pub fn parse_header_prefix(head: &[u8], file_len: usize, file: &str) -> Result<Header> {
+    let bad = |reason: String| HostError::Safetensors {
+        file: file.to_string(),
+        reason,
+    };
+    let json = head.get(8..).unwrap_or(&[]);
+    let meta: safetensors::tensor::Metadata =
+        serde_json::from_slice(json).map_err(|e| bad(one_line(&format!("invalid header: {e}"))))?;
+    let end = meta
+        .tensors()
+        .values()
+        .map(|t| t.data_offsets.1)
+        .max()
+        .unwrap_or(0);
+    if head.len().checked_add(end) != Some(file_len) {
+        return Err(bad(
+            "the tensor data does not end where the file ends (truncated or padded)".into(),
+        ));
+    }
+    header_from(&meta, json, file_len, file)
+}
+
+/// Bytes a safetensors header may have (the `safetensors` crate's limit).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The [`Header`] of validated metadata `meta` (JSON text `json`) of a file of `file_len`
+/// bytes; refuses repeated tensor names.
+fn header_from(
+    meta: &safetensors::tensor::Metadata,
+    json: &[u8],
+    file_len: usize,
+    file: &str,
+) -> Result<Header> {
+    let bad = |reason: String| HostError::Safetensors {
+        file: file.to_string(),
+        reason,
+    };
+    if let Some(name) = duplicate_name(json) {
         return Err(bad(format!(
             "tensor `{name}` is listed more than once in the header"
         )));
     }
-    let base = 8 + n;
+    let base = 8 + json.len();
     let mut tensors = HashMap::new();
     for (name, info) in meta.tensors() {
         let (s, e) = info.data_offsets;
@@ -135,7 +209,7 @@ pub fn parse_header(bytes: &[u8], file: &str) -> Result<Header> {
             .checked_add(s)
             .zip(base.checked_add(e))
             .map(|(a, b)| a..b)
-            .filter(|r| r.start <= r.end && r.end <= bytes.len())
+            .filter(|r| r.start <= r.end && r.end <= file_len)
             .ok_or_else(|| bad(format!("tensor `{name}` has offsets outside the file")))?;
         tensors.insert(
             name,
