@@ -1,11 +1,12 @@
 //! Safetensors files the tool reads: `[selector byte][file]`. Selector 0: an input file
-//! (hidden 4); 1: a one-layer state file (hidden 4, 1 head × 2, conv 3); other: any header.
+//! (hidden 4); 1: a one-layer state file (hidden 4, 1 head × 2, conv 3), parsed from bytes
+//! and read from a file (the two must agree); other: any header.
 #![no_main]
 
 use kda_core::KdaConfig;
 use kda_host::checkpoint::safetensors::{parse_header, Buffer, SafetensorsFile};
 use kda_host::io::Input;
-use kda_host::state_file::parse_state;
+use kda_host::state_file::{parse_state, read_state};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -23,9 +24,19 @@ fuzz_target!(|data: &[u8]| {
         1 => {
             let mut cfg = KdaConfig::kimi_k3(4, 1, 2);
             cfg.conv_width = 3;
-            if let Ok(c) = parse_state(file, "state", &cfg, None) {
+            let parsed = parse_state(file, "state", &cfg, None);
+            if let Ok(c) = &parsed {
                 assert_eq!(c.recurrent.len(), c.sequences * 4);
                 assert_eq!(c.conv_q.len(), c.sequences * 4);
+            }
+            // The streamed reader of files agrees with the parser of bytes.
+            let path = std::env::temp_dir().join(format!("kda-fuzz-state-{}", std::process::id()));
+            std::fs::write(&path, file).expect("temp file");
+            let streamed = read_state(&path, &cfg, None);
+            match (&parsed, &streamed) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b),
+                (Err(_), Err(_)) => {}
+                _ => panic!("parse_state {parsed:?} but read_state {streamed:?}"),
             }
         }
         _ => {

@@ -272,6 +272,17 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         return Err(HostError::Invalid("--batch must be at least 1".into()));
     }
     let cfg = opts.preset.config();
+    // The buffers sized by the options first: a batch too large fails before the measurements.
+    let slice = 256usize;
+    let slice_values = opts
+        .batch
+        .checked_mul(opts.prompt.clamp(1, slice) * cfg.hidden)
+        .ok_or_else(|| HostError::Invalid("--batch: too many sequences".into()))?;
+    let mut slice_buf = crate::error::try_zeroed::<f32>(
+        slice_values,
+        "the prefill slice (--batch sequences × up to 256 tokens × hidden)",
+    )?;
+    let mut caches = SequenceCaches::try_new(&cfg, opts.batch)?;
     let bw = measure_bandwidth(256 << 20, opts.threads > 1)?;
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
     let base = layer.weights()?;
@@ -306,27 +317,29 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
             opts.threads, bw.copy, bw.read
         ),
     )?;
-    let mut caches = SequenceCaches::try_new(&cfg, opts.batch)?;
     let mut runner = Runner::default();
     let mut rng = Rng::new(opts.seed ^ 0xbe9c);
     let hd = cfg.hidden;
 
     // Prefill: `batch` sequences of `prompt` tokens, in slices so a bar can move (as large as
     // the runner's blocks, so the slicing does not change the work).
-    let slice = 256usize;
-    let mut bar = Progress::new("prefill", opts.prompt * opts.batch, opts.progress);
-    let xs: Vec<Vec<f32>> = (0..opts.batch)
-        .map(|_| rng.normals(opts.prompt * hd, 1.0))
-        .collect();
+    let total = opts
+        .prompt
+        .checked_mul(opts.batch)
+        .ok_or_else(|| HostError::Invalid("--prompt × --batch: too many tokens".into()))?;
+    let mut bar = Progress::new("prefill", total, opts.progress);
+    // One generator per sequence, so each slice's rows are drawn when needed (not every prompt
+    // up front) and each sequence's prompt is the same however it is sliced.
+    let mut seq_rngs: Vec<Rng> = (0..opts.batch).map(|_| Rng::new(rng.next_u64())).collect();
     let t = Instant::now();
     let mut t0 = 0;
     let mut sum_sq = 0.0f64;
     while t0 < opts.prompt || t0 == 0 {
         let t1 = opts.prompt.min(t0 + slice);
         let len = t1 - t0;
-        let mut x = Vec::with_capacity(len * hd * opts.batch);
-        for s in &xs {
-            x.extend_from_slice(&s[t0 * hd..t1 * hd]);
+        let x = &mut slice_buf[..opts.batch * len * hd];
+        for (row, r) in x.chunks_exact_mut(len * hd).zip(&mut seq_rngs) {
+            row.iter_mut().for_each(|v| *v = r.normal());
         }
         let cu: Vec<usize> = (0..=opts.batch).map(|i| i * len).collect();
         let init = if t0 == 0 {
@@ -334,7 +347,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         } else {
             InitialCaches::Given
         };
-        let y = runner.forward(&prefill, &x, &cu, &mut caches, init)?;
+        let y = runner.forward(&prefill, x, &cu, &mut caches, init)?;
         sum_sq += y.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
         bar.inc(len * opts.batch);
         t0 = t1;
@@ -344,7 +357,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     }
     bar.finish();
     let dt = t.elapsed().as_secs_f64().max(1e-9);
-    let toks = (opts.prompt * opts.batch) as f64;
+    let toks = total as f64;
     let fpt = flops_per_token(&layer);
     w(
         out,

@@ -7,8 +7,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::checkpoint::safetensors::{write_file, Buffer, OutTensor, SafetensorsFile};
+use crate::checkpoint::safetensors::{
+    layout, stage_tensors, write_tensors, Buffer, SafetensorsFile, TensorRef,
+};
 use crate::error::{HostError, Result};
+use crate::fsio::Staged;
 
 /// Name of the input rows.
 pub const HIDDEN_STATES: &str = "hidden_states";
@@ -20,7 +23,7 @@ pub const OUTPUT: &str = "output";
 /// A parsed input file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
-    /// `[T, hidden]` rows, widened to f32.
+    /// `[T, hidden]` rows, widened to f32 (from F32, BF16 or F16).
     pub hidden_states: Vec<f32>,
     /// `T`.
     pub tokens: usize,
@@ -37,7 +40,7 @@ impl Input {
     /// Parses an input file's bytes for a model of width `hidden`; `file` names it in errors.
     pub fn parse(bytes: &[u8], file: &str, hidden: usize) -> Result<Self> {
         Self::from_file(
-            &SafetensorsFile::parse(file, Buffer::Owned(bytes.to_vec()))?,
+            &SafetensorsFile::parse(file, Buffer::copy_of(bytes, file)?)?,
             hidden,
         )
     }
@@ -117,38 +120,65 @@ pub fn validate_cu_seqlens(raw: &[i64], tokens: usize) -> Result<Vec<usize>, Str
         ));
     }
     // Non-decreasing from 0 to T ≤ usize::MAX: every entry fits.
-    Ok(raw.iter().map(|&v| v as usize).collect())
+    crate::checkpoint::safetensors::try_collect(raw.iter().map(|&v| v as usize), || {
+        "the sequence offsets".into()
+    })
+    .map_err(|e| e.to_string())
 }
 
-/// The bytes of an input file (`hidden_states` F32, and `cu_seqlens` I64 when given).
-pub fn input_bytes(x: &[f32], hidden: usize, cu_seqlens: Option<&[usize]>) -> Result<Vec<u8>> {
-    let mut t = vec![OutTensor::f32(
+fn input_tensors<'a>(x: &'a [f32], hidden: usize, cu: Option<&'a [i64]>) -> Vec<TensorRef<'a>> {
+    let mut t = vec![TensorRef::f32(
         HIDDEN_STATES,
         vec![x.len() / hidden.max(1), hidden],
         x,
     )];
-    if let Some(cu) = cu_seqlens {
-        let v: Vec<i64> = cu.iter().map(|&c| c as i64).collect();
-        t.push(OutTensor::i64(CU_SEQLENS, &v));
-    }
-    crate::checkpoint::safetensors::serialize(&t, &BTreeMap::new(), "input")
+    t.extend(cu.map(|v| TensorRef::i64(CU_SEQLENS, v)));
+    t
 }
 
-/// Writes an input file.
+fn cu_i64(cu_seqlens: Option<&[usize]>) -> Option<Vec<i64>> {
+    cu_seqlens.map(|cu| cu.iter().map(|&c| c as i64).collect())
+}
+
+/// The bytes of an input file (`hidden_states` F32, and `cu_seqlens` I64 when given).
+pub fn input_bytes(x: &[f32], hidden: usize, cu_seqlens: Option<&[usize]>) -> Result<Vec<u8>> {
+    let cu = cu_i64(cu_seqlens);
+    let l = layout(
+        input_tensors(x, hidden, cu.as_deref()),
+        &BTreeMap::new(),
+        "input",
+    )?;
+    let mut out = crate::fsio::try_buffer(l.file_len() as u64, || "an input file".into())?;
+    l.write_to(&mut out)
+        .map_err(|e| HostError::file("input", e.to_string()))?;
+    Ok(out)
+}
+
+/// Writes an input file (replaced atomically, streamed).
 pub fn write_input(
     path: &Path,
     x: &[f32],
     hidden: usize,
     cu_seqlens: Option<&[usize]>,
 ) -> Result<()> {
-    let bytes = input_bytes(x, hidden, cu_seqlens)?;
-    std::fs::write(path, bytes).map_err(|e| HostError::io(path, e))
+    let cu = cu_i64(cu_seqlens);
+    write_tensors(
+        path,
+        input_tensors(x, hidden, cu.as_deref()),
+        &BTreeMap::new(),
+    )
 }
 
-/// Writes an output file: `output` `[T, hidden]` F32.
+/// Writes an output file (`output` `[T, hidden]` F32) to a temporary beside `path`, streamed,
+/// ready to be renamed into place.
+pub fn stage_output(path: &Path, out: &[f32], hidden: usize) -> Result<Staged> {
+    let t = TensorRef::f32(OUTPUT, vec![out.len() / hidden.max(1), hidden], out);
+    stage_tensors(path, vec![t], &BTreeMap::new())
+}
+
+/// Writes an output file: `output` `[T, hidden]` F32 (replaced atomically, streamed).
 pub fn write_output(path: &Path, out: &[f32], hidden: usize) -> Result<()> {
-    let t = OutTensor::f32(OUTPUT, vec![out.len() / hidden.max(1), hidden], out);
-    write_file(path, &[t], &BTreeMap::new())
+    stage_output(path, out, hidden)?.commit()
 }
 
 /// Reads an output file: the `output` rows and their shape.

@@ -11,6 +11,9 @@
 //!   one layer, [`checkpoint::safetensors`] the files; [`checkpoint::export`] writes checkpoints.
 //! * [`Model`] / [`ModelCache`]: every KDA layer of a checkpoint and their per-sequence caches.
 //! * [`io`] and [`state_file`]: the input/output and state files of `kda forward`.
+//! * [`fsio`]: how every file is read (regular files only, bounded, allocated fallibly) and
+//!   written (streamed to a temporary, `fsync`ed, renamed into place).
+//! * [`cli`]: the `kda` command line and the checks on its sizes and thread counts.
 //! * [`bench`](mod@bench): the measurements behind `kda bench`.
 //! * [`parallel`]: the rayon executor; layers run on the caller's rayon pool, with results
 //!   bitwise identical for any number of threads.
@@ -23,7 +26,9 @@
 pub mod bench;
 pub mod cache;
 pub mod checkpoint;
+pub mod cli;
 pub mod error;
+pub mod fsio;
 pub mod io;
 pub mod layer;
 pub mod log;

@@ -144,6 +144,52 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         "state-n2",
         with_sel(1, state_bytes(&cfg, &c).unwrap()),
     ));
+    for (name, args) in [
+        (
+            "forward",
+            &[
+                "forward",
+                "--model",
+                "d",
+                "--input",
+                "i",
+                "--output",
+                "o",
+                "--state-in",
+                "s",
+                "--state-out",
+                "s",
+                "--threads",
+                "8",
+                "--mode",
+                "chunked",
+                "--layout",
+                "rows",
+            ][..],
+        ),
+        (
+            "bench",
+            &[
+                "bench", "--preset", "kimi-k3", "--prompt", "1024", "--batch", "16", "--steps", "3",
+            ][..],
+        ),
+        (
+            "demo",
+            &["demo", "--prompt", "64", "--steps", "2", "--seed", "7"][..],
+        ),
+        ("inspect", &["inspect", "dir"][..]),
+    ] {
+        v.push(("cli_args", name, args.join("\0").into_bytes()));
+    }
+    // write_read: selector 0, two tensors (name, dtype index, rank, dims), then values;
+    // selector 1, a state (heads, head dim, conv width, sequences) and values.
+    let mut t = vec![0u8, 2, 1, b'a', 0, 2, 2, 3];
+    t.extend([2, b'c', b'u', 3, 1, 3]);
+    t.extend((0..40u8).map(|i| i.wrapping_mul(37)));
+    v.push(("write_read", "two-tensors", t));
+    let mut st = vec![1u8, 1, 2, 3, 2];
+    st.extend((0..200u8).map(|i| i.wrapping_mul(11)));
+    v.push(("write_read", "state", st));
     v
 }
 
@@ -174,6 +220,15 @@ fn fuzz_seeds_are_valid() -> Result<(), KdaError> {
             "config_json" => {
                 ModelConfig::parse(&bytes, "c").unwrap();
             }
+            "cli_args" => {
+                let args = bytes
+                    .split(|&b| b == 0)
+                    .map(|a| String::from_utf8_lossy(a).into_owned());
+                let cli =
+                    kda_host::cli::parse(std::iter::once("kda".to_string()).chain(args)).unwrap();
+                cli.check().unwrap();
+            }
+            "write_read" => {}
             _ if bytes[0] == 0 => {
                 Input::parse(&bytes[1..], "in", 4).unwrap();
             }

@@ -8,143 +8,20 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::error::ErrorKind;
-use clap::{Parser, Subcommand, ValueEnum};
 use kda_core::{DecayGate, ForwardOptions, GateProj, InitialCaches, KdaConfig, KdaLayer};
-use kda_host::bench::{self, BenchOptions, Preset};
+use kda_host::bench::{self, BenchOptions};
 use kda_host::checkpoint::layout::{GateTensors, WeightTensor};
-use kda_host::io::{write_output, Input};
+use kda_host::cli::{self, Cli, Command, LayoutArg, DEMO_HIDDEN};
+use kda_host::fsio::{self, FileId};
+use kda_host::io::{stage_output, Input};
 use kda_host::rng::Rng;
-use kda_host::state_file::{read_state, write_state};
+use kda_host::state_file::{read_state, stage_state};
 use kda_host::{
     Checkpoint, HostError, Mode, Model, OwnedLayer, Panels, Runner, SequenceCaches, WeightDtype,
 };
 
-#[derive(Parser)]
-#[command(
-    name = "kda",
-    version,
-    about = "Kimi Delta Attention layers on the CPU"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum PresetArg {
-    /// hidden 1024, 8 heads x 32, lower-bound gate, full-rank output gate (Kimi-K3-0.40B).
-    Small,
-    /// hidden 2304, 32 x 128, softplus gate, low-rank output gate (Kimi Linear 48B).
-    KimiLinear,
-    /// hidden 7168, 96 x 128, lower-bound gate, full-rank output gate (Kimi K3).
-    KimiK3,
-}
-
-impl From<PresetArg> for Preset {
-    fn from(p: PresetArg) -> Preset {
-        match p {
-            PresetArg::Small => Preset::Small,
-            PresetArg::KimiLinear => Preset::KimiLinear,
-            PresetArg::KimiK3 => Preset::KimiK3,
-        }
-    }
-}
-
-fn parse_threads(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("`{s}` is not a thread count (a whole number ≥ 1)")),
-    }
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Built-in default: a Kimi-K3-0.40B-sized KDA layer (hidden 1024, 8 heads × 32) with
-    /// seeded random bf16 weights; runs a prefill and decode steps and prints the speed.
-    Demo {
-        /// Prompt length.
-        #[arg(long, default_value_t = 256)]
-        prompt: usize,
-        /// Decode steps after the prompt.
-        #[arg(long, default_value_t = 64)]
-        steps: usize,
-        /// Seed for the weights and the inputs.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-    },
-    /// Lists the KDA layers of a checkpoint folder: dims, dtypes, gate forms.
-    Inspect {
-        /// Checkpoint folder (config.json + model.safetensors or shards with an index).
-        dir: PathBuf,
-    },
-    /// Runs one KDA layer of a checkpoint over the rows of an input file.
-    Forward {
-        /// Checkpoint folder.
-        #[arg(long, value_name = "DIR")]
-        model: PathBuf,
-        /// Model layer, 0-based (default: the first KDA layer).
-        #[arg(long, value_name = "N", allow_hyphen_values = true)]
-        layer: Option<usize>,
-        /// Input safetensors: `hidden_states` `[T, hidden]` F32/BF16, optional `cu_seqlens` `[N+1]` I64/I32.
-        #[arg(long, value_name = "IN")]
-        input: PathBuf,
-        /// Output safetensors: `output` `[T, hidden]` F32.
-        #[arg(long, value_name = "OUT")]
-        output: PathBuf,
-        /// Initial states (`recurrent_state` `[N,H,K,V]`, `conv_state_{q,k,v}` `[N,H·K,W−1]`, F32).
-        #[arg(long, value_name = "S")]
-        state_in: Option<PathBuf>,
-        /// Where to write the final states (same format).
-        #[arg(long, value_name = "S")]
-        state_out: Option<PathBuf>,
-        /// Sequence path.
-        #[arg(long, value_enum, default_value_t = Mode::Auto)]
-        mode: Mode,
-        /// Worker threads (default: the available cores).
-        #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
-        threads: Option<usize>,
-        /// Weight layout: `panels` (bf16 matrices repacked for the CPU kernels: one more copy
-        /// in memory, faster) or `rows` (the checkpoint layout, used in place). Same results.
-        #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
-        layout: LayoutArg,
-    },
-    /// Measures prefill and decode of one synthetic layer at a published size.
-    Bench {
-        /// Layer size.
-        #[arg(long, value_enum, default_value_t = PresetArg::Small)]
-        preset: PresetArg,
-        /// Prompt tokens per sequence.
-        #[arg(long, default_value_t = 256)]
-        prompt: usize,
-        /// Decode steps.
-        #[arg(long, default_value_t = 32)]
-        steps: usize,
-        /// Sequences.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// Seed for the weights and inputs.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Worker threads (default: the available cores).
-        #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
-        threads: Option<usize>,
-        /// Weight layout: `panels` (repacked for the CPU kernels) or `rows` (checkpoint
-        /// layout, used in place).
-        #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
-        layout: LayoutArg,
-    },
-}
-
-/// `--layout` values.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum LayoutArg {
-    Panels,
-    Rows,
-}
-
 fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
-    let cfg = KdaConfig::kimi_k3(1024, 8, 32);
+    let cfg = KdaConfig::kimi_k3(DEMO_HIDDEN, 8, 32);
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, seed).map_err(|e| e.to_string())?;
     // The default layout of `kda forward` and `kda bench`: bf16 matrices in panels.
     let base = layer.weights().map_err(|e| e.to_string())?;
@@ -164,7 +41,10 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
         caches.recurrent.len() * 4 / 1024,
         (caches.conv_q.len() * 3) * 4 / 1024
     );
-    let x = rng.normals(prompt * cfg.hidden, 1.0);
+    // `Cli::check` has bounded prompt × hidden; the buffer is still allocated fallibly.
+    let mut x = kda_host::error::try_zeroed::<f32>(prompt * cfg.hidden, "the demo's prompt")
+        .map_err(|e| format!("--prompt {prompt}: {e}"))?;
+    x.iter_mut().for_each(|v| *v = rng.normal());
     let t = Instant::now();
     let layer = KdaLayer::new(&cfg, w, ForwardOptions::default()).map_err(|e| e.to_string())?;
     let y = runner
@@ -306,29 +186,87 @@ fn inspect(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The rayon pool for `--threads` (checked by the parser; capped by `cli::resolve_threads`).
 fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, String> {
-    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let (n, lowered) = cli::resolve_threads(threads);
+    if lowered {
+        eprintln!(
+            "note: --threads {}: using {n} ({} × the available cores)",
+            threads.unwrap_or(n),
+            cli::THREADS_PER_CORE
+        );
+    }
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build()
         .map_err(|e| format!("--threads {n}: cannot start the thread pool: {e}"))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn forward(
-    model_dir: &Path,
+/// What `kda forward` was asked to do.
+struct ForwardArgs<'a> {
+    model_dir: &'a Path,
     layer: Option<usize>,
-    input: &Path,
-    output: &Path,
-    state_in: Option<&Path>,
-    state_out: Option<&Path>,
+    input: &'a Path,
+    output: &'a Path,
+    state_in: Option<&'a Path>,
+    state_out: Option<&'a Path>,
     mode: Mode,
     threads: Option<usize>,
     layout: LayoutArg,
-) -> Result<(), String> {
-    let pool = thread_pool(threads)?;
-    let ckpt = Checkpoint::open(model_dir).map_err(|e| e.to_string())?;
-    let index = match layer {
+}
+
+/// Checks before anything is computed that the output files can be written and replace no
+/// file the run reads, nor each other (by canonical path and by device/inode). The one
+/// exception is `--state-in S --state-out S`: the state is replaced atomically at the end.
+fn check_outputs(a: &ForwardArgs, ckpt: &Checkpoint) -> Result<(), String> {
+    let mut outputs = vec![("--output", a.output)];
+    outputs.extend(a.state_out.map(|p| ("--state-out", p)));
+    let mut inputs: Vec<(String, PathBuf)> = ckpt
+        .files_on_disk()
+        .into_iter()
+        .map(|p| ("--model".to_string(), p))
+        .collect();
+    inputs.push(("--input".into(), a.input.to_path_buf()));
+    let mut ids = Vec::new();
+    for (opt, p) in &outputs {
+        fsio::check_output(p).map_err(|e| format!("{opt}: {e}"))?;
+        let id = FileId::of(p).map_err(|e| format!("{opt}: {e}"))?;
+        if let Some((other, _)) = ids.iter().find(|(_, i): &&(&str, FileId)| i.same(&id)) {
+            return Err(format!(
+                "{opt} {} is the same file as {other}; each output needs its own file",
+                p.display()
+            ));
+        }
+        ids.push((opt, id));
+    }
+    for (opt, p) in inputs
+        .iter()
+        .map(|(o, p)| (o.as_str(), p.as_path()))
+        .chain(a.state_in.map(|p| ("--state-in", p)))
+    {
+        let Ok(input) = FileId::of(p) else { continue };
+        for (out_opt, out) in &ids {
+            let in_place = opt == "--state-in" && *out_opt == "--state-out";
+            if out.same(&input) && !in_place {
+                return Err(format!(
+                    "{out_opt} {} is the same file as {opt} {}; the run would overwrite its own input",
+                    out.path.display(),
+                    p.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn forward(a: &ForwardArgs) -> Result<(), String> {
+    let ckpt = Checkpoint::open(a.model_dir).map_err(|e| e.to_string())?;
+    fsio::regular_file(a.input).map_err(|e| e.to_string())?;
+    if let Some(p) = a.state_in {
+        fsio::regular_file(p).map_err(|e| e.to_string())?;
+    }
+    check_outputs(a, &ckpt)?;
+    let index = match a.layer {
         Some(n) => {
             ckpt.config
                 .check_kda_layer(n)
@@ -342,13 +280,13 @@ fn forward(
             .ok_or_else(|| format!("{}: the config lists no KDA layers", ckpt.name()))?,
     };
     let mut model = ckpt.load(Some(&[index])).map_err(|e| e.to_string())?;
-    if matches!(layout, LayoutArg::Panels) {
+    if a.layout == LayoutArg::Panels {
         model.repack_panels().map_err(|e| e.to_string())?;
     }
     let (cfg, w) = model.weights(index).map_err(|e| e.to_string())?;
-    let inp = Input::read(input, cfg.hidden).map_err(|e| e.to_string())?;
+    let inp = Input::read(a.input, cfg.hidden).map_err(|e| e.to_string())?;
     let n = inp.sequences();
-    let (mut caches, init) = match state_in {
+    let (mut caches, init) = match a.state_in {
         Some(p) => (
             read_state(p, cfg, Some(n)).map_err(|e| e.to_string())?,
             InitialCaches::Given,
@@ -358,8 +296,10 @@ fn forward(
             InitialCaches::Zero,
         ),
     };
+    // Every argument and file is checked: only now start the threads.
+    let pool = thread_pool(a.threads)?;
     let mut runner = Runner::default();
-    let opts = ForwardOptions::default().with_mode(mode);
+    let opts = ForwardOptions::default().with_mode(a.mode);
     let layer = KdaLayer::new(cfg, w, opts).map_err(|e| format!("layer {index}: {e}"))?;
     let out = pool
         .install(|| {
@@ -372,14 +312,16 @@ fn forward(
             )
         })
         .map_err(|e: HostError| format!("layer {index}: {e}"))?;
-    write_output(output, &out, cfg.hidden).map_err(|e| e.to_string())?;
-    if let Some(p) = state_out {
-        write_state(p, cfg, &caches).map_err(|e| e.to_string())?;
+    // Both files are written in full before either replaces anything.
+    let mut staged = vec![stage_output(a.output, &out, cfg.hidden).map_err(|e| e.to_string())?];
+    if let Some(p) = a.state_out {
+        staged.push(stage_state(p, cfg, &caches).map_err(|e| e.to_string())?);
     }
-    Ok(())
+    fsio::commit_all(staged).map_err(|e| e.to_string())
 }
 
 fn run(cli: Cli) -> Result<(), String> {
+    cli.check()?;
     match cli.command {
         Command::Demo {
             prompt,
@@ -397,17 +339,17 @@ fn run(cli: Cli) -> Result<(), String> {
             mode,
             threads,
             layout,
-        } => forward(
-            &model,
+        } => forward(&ForwardArgs {
+            model_dir: &model,
             layer,
-            &input,
-            &output,
-            state_in.as_deref(),
-            state_out.as_deref(),
+            input: &input,
+            output: &output,
+            state_in: state_in.as_deref(),
+            state_out: state_out.as_deref(),
             mode,
             threads,
             layout,
-        ),
+        }),
         Command::Bench {
             preset,
             prompt,
@@ -417,9 +359,6 @@ fn run(cli: Cli) -> Result<(), String> {
             threads,
             layout,
         } => {
-            if batch == 0 {
-                return Err("--batch: must be at least 1".into());
-            }
             let pool = thread_pool(threads)?;
             let opts = BenchOptions {
                 preset: preset.into(),
@@ -429,7 +368,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 seed,
                 threads: pool.current_num_threads(),
                 progress: true,
-                panels: matches!(layout, LayoutArg::Panels),
+                panels: layout == LayoutArg::Panels,
             };
             pool.install(|| bench::run(&opts, &mut std::io::stdout()))
                 .map_err(|e| e.to_string())
@@ -456,7 +395,7 @@ fn main() -> ExitCode {
             .unwrap_or_default();
         eprintln!("error: internal: {}{at}", one_line(&msg));
     }));
-    let cli = match Cli::try_parse() {
+    let cli = match cli::parse(std::env::args_os()) {
         Ok(c) => c,
         Err(e) => {
             return match e.kind() {

@@ -261,12 +261,12 @@ pub fn export_files(
     Ok(files)
 }
 
-/// Writes a checkpoint folder (created if needed) holding `layers`.
+/// Writes a checkpoint folder (created if needed) holding `layers`; each file is replaced
+/// atomically.
 pub fn export_dir(dir: &Path, layers: &[(usize, &OwnedLayer)], opts: &ExportOptions) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| HostError::io(dir, e))?;
     for (name, bytes) in export_files(layers, opts)? {
-        let p = dir.join(name);
-        std::fs::write(&p, bytes).map_err(|e| HostError::io(&p, e))?;
+        crate::fsio::write_bytes(&dir.join(name), &bytes)?;
     }
     Ok(())
 }

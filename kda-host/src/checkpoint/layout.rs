@@ -319,7 +319,12 @@ pub fn load_tensor(
             raw.len(),
             dtype.name()
         ));
-        Storage::Copied(FloatVec::decode(raw, dtype))
+        Storage::Copied(FloatVec::decode(raw, dtype, || {
+            format!(
+                "a copy of tensor `{name}` of {} (its bytes are misaligned for in-place use)",
+                file.name
+            )
+        })?)
     };
     Ok(WeightTensor {
         name: name.to_string(),

@@ -22,6 +22,7 @@ use self::config::{Layout, ModelConfig};
 use self::layout::{load_tensor, Dims, GateTensors, LayerTensors, Role, WeightTensor};
 use self::safetensors::{Buffer, SafetensorsFile};
 use crate::error::{HostError, Result};
+use crate::fsio;
 use crate::log;
 use crate::model::{Model, ModelLayer};
 
@@ -97,20 +98,32 @@ impl Checkpoint {
     /// Opens the checkpoint folder `dir`: reads `config.json` and the shard index (if any).
     pub fn open(dir: &Path) -> Result<Self> {
         let name = dir.display().to_string();
-        if !dir.is_dir() {
-            return Err(HostError::file(
-                &name,
-                "not a checkpoint folder (no such directory)",
-            ));
+        match std::fs::metadata(dir) {
+            Ok(md) if md.is_dir() => {}
+            Ok(_) => {
+                return Err(HostError::file(
+                    &name,
+                    "not a checkpoint folder (it is a file; give the folder holding config.json)",
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(HostError::file(
+                    &name,
+                    "not a checkpoint folder (no such directory)",
+                ))
+            }
+            Err(e) => return Err(HostError::io(dir, e)),
         }
         let cfg_path = dir.join(CONFIG_FILE);
-        let cfg_bytes = std::fs::read(&cfg_path).map_err(|e| HostError::io(&cfg_path, e))?;
+        let cfg_bytes = fsio::read_regular(&cfg_path)?;
         let config = ModelConfig::parse(&cfg_bytes, &cfg_path.display().to_string())?;
         let idx_path = dir.join(INDEX_FILE);
-        let index = if idx_path.is_file() {
-            let b = std::fs::read(&idx_path).map_err(|e| HostError::io(&idx_path, e))?;
+        let single = dir.join(SINGLE_FILE);
+        let index = if idx_path.exists() {
+            let b = fsio::read_regular(&idx_path)?;
             Some(ShardIndex::parse(&b, &idx_path.display().to_string())?)
-        } else if dir.join(SINGLE_FILE).is_file() {
+        } else if single.exists() {
+            fsio::regular_file(&single)?;
             None
         } else {
             return Err(HostError::file(
@@ -157,6 +170,26 @@ impl Checkpoint {
             files: Vec::new(),
             opened: HashMap::new(),
         })
+    }
+
+    /// The files of the checkpoint on disk that a run may read: `config.json`, the shard index
+    /// and every shard it names, or `model.safetensors` (empty for a checkpoint in memory).
+    pub fn files_on_disk(&self) -> Vec<PathBuf> {
+        let Source::Dir(d) = &self.source else {
+            return Vec::new();
+        };
+        let mut v = vec![d.join(CONFIG_FILE)];
+        match &self.index {
+            Some(ix) => {
+                v.push(d.join(INDEX_FILE));
+                let mut shards: Vec<&String> = ix.weight_map.values().collect();
+                shards.sort();
+                shards.dedup();
+                v.extend(shards.into_iter().map(|s| d.join(s)));
+            }
+            None => v.push(d.join(SINGLE_FILE)),
+        }
+        v
     }
 
     /// The folder's name, for messages.

@@ -1,0 +1,263 @@
+//! The command line of the `kda` tool: its arguments ([`Cli`]) and the checks on them that
+//! need no file ([`Cli::check`]), so that a bad size or thread count fails at once, before any
+//! thread, file or buffer exists. The fuzz target `cli_args` drives [`parse`].
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::bench::Preset;
+use kda_core::Mode;
+
+/// The command line of `kda`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kda",
+    version,
+    about = "Kimi Delta Attention layers on the CPU"
+)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `--preset` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PresetArg {
+    /// hidden 1024, 8 heads x 32, lower-bound gate, full-rank output gate (Kimi-K3-0.40B).
+    Small,
+    /// hidden 2304, 32 x 128, softplus gate, low-rank output gate (Kimi Linear 48B).
+    KimiLinear,
+    /// hidden 7168, 96 x 128, lower-bound gate, full-rank output gate (Kimi K3).
+    KimiK3,
+}
+
+impl From<PresetArg> for Preset {
+    fn from(p: PresetArg) -> Preset {
+        match p {
+            PresetArg::Small => Preset::Small,
+            PresetArg::KimiLinear => Preset::KimiLinear,
+            PresetArg::KimiK3 => Preset::KimiK3,
+        }
+    }
+}
+
+/// The most `--threads` accepted; more is an error before anything starts.
+pub const MAX_THREADS: usize = 1024;
+
+/// `--threads` above this many times the available cores run on that many threads.
+pub const THREADS_PER_CORE: usize = 4;
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) if n > MAX_THREADS => Err(format!("{n} is more than the {MAX_THREADS} allowed")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a thread count (a whole number ≥ 1)")),
+    }
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Built-in default: a Kimi-K3-0.40B-sized KDA layer (hidden 1024, 8 heads × 32) with
+    /// seeded random bf16 weights; runs a prefill and decode steps and prints the speed.
+    Demo {
+        /// Prompt length.
+        #[arg(long, default_value_t = 256)]
+        prompt: usize,
+        /// Decode steps after the prompt.
+        #[arg(long, default_value_t = 64)]
+        steps: usize,
+        /// Seed for the weights and the inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Lists the KDA layers of a checkpoint folder: dims, dtypes, gate forms.
+    Inspect {
+        /// Checkpoint folder (config.json + model.safetensors or shards with an index).
+        dir: PathBuf,
+    },
+    /// Runs one KDA layer of a checkpoint over the rows of an input file.
+    Forward {
+        /// Checkpoint folder.
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// Model layer, 0-based (default: the first KDA layer).
+        #[arg(long, value_name = "N", allow_hyphen_values = true)]
+        layer: Option<usize>,
+        /// Input safetensors: `hidden_states` `[T, hidden]` F32/BF16/F16, optional `cu_seqlens` `[N+1]` I64/I32.
+        #[arg(long, value_name = "IN")]
+        input: PathBuf,
+        /// Output safetensors: `output` `[T, hidden]` F32. Written only when the whole run
+        /// succeeded, replacing the file atomically.
+        #[arg(long, value_name = "OUT")]
+        output: PathBuf,
+        /// Initial states (`recurrent_state` `[N,H,K,V]`, `conv_state_{q,k,v}` `[N,H·K,W−1]`, F32).
+        #[arg(long, value_name = "S")]
+        state_in: Option<PathBuf>,
+        /// Where to write the final states (same format; may be the `--state-in` file, which is
+        /// then replaced atomically).
+        #[arg(long, value_name = "S")]
+        state_out: Option<PathBuf>,
+        /// Sequence path.
+        #[arg(long, value_enum, default_value_t = Mode::Auto)]
+        mode: Mode,
+        /// Worker threads (default: the available cores; at most 1024, and at most 4× the cores
+        /// are used).
+        #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
+        threads: Option<usize>,
+        /// Weight layout: `panels` (bf16 matrices repacked for the CPU kernels: one more copy
+        /// in memory, faster) or `rows` (the checkpoint layout, used in place). Same results.
+        #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
+        layout: LayoutArg,
+    },
+    /// Measures prefill and decode of one synthetic layer at a published size.
+    Bench {
+        /// Layer size.
+        #[arg(long, value_enum, default_value_t = PresetArg::Small)]
+        preset: PresetArg,
+        /// Prompt tokens per sequence.
+        #[arg(long, default_value_t = 256)]
+        prompt: usize,
+        /// Decode steps.
+        #[arg(long, default_value_t = 32)]
+        steps: usize,
+        /// Sequences.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Seed for the weights and inputs.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Worker threads (default: the available cores; at most 1024, and at most 4× the cores
+        /// are used).
+        #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
+        threads: Option<usize>,
+        /// Weight layout: `panels` (repacked for the CPU kernels) or `rows` (checkpoint
+        /// layout, used in place).
+        #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
+        layout: LayoutArg,
+    },
+}
+
+/// `--layout` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LayoutArg {
+    /// bf16 matrices repacked into panels.
+    Panels,
+    /// The checkpoint layout, used in place.
+    Rows,
+}
+
+/// Hidden size of `kda demo`'s layer.
+pub const DEMO_HIDDEN: usize = 1024;
+
+/// Parses `args` (the program name first), as `kda` does.
+pub fn parse<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(args)
+}
+
+/// The thread count to run with: `requested` (default: the available cores), at most
+/// [`THREADS_PER_CORE`] × the available cores. The second value says whether it was lowered.
+pub fn resolve_threads(requested: Option<usize>) -> (usize, bool) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cap = cores.saturating_mul(THREADS_PER_CORE).clamp(1, MAX_THREADS);
+    match requested {
+        None => (cores.clamp(1, cap), false),
+        Some(n) if n > cap => (cap, true),
+        Some(n) => (n.max(1), false),
+    }
+}
+
+/// Values of `--prompt` tokens of `hidden` floats each, for `batch` sequences: an error naming
+/// the options when the count does not fit in memory addresses.
+fn check_tokens(prompt: usize, batch: usize, hidden: usize) -> Result<(), String> {
+    let values = prompt
+        .checked_mul(batch)
+        .and_then(|t| t.checked_mul(hidden))
+        .and_then(|v| v.checked_mul(4));
+    match values {
+        Some(b) if b <= isize::MAX as usize => Ok(()),
+        _ => {
+            let batch = if batch == 1 {
+                String::new()
+            } else {
+                format!(" × --batch {batch}")
+            };
+            Err(format!(
+                "--prompt {prompt}{batch} × hidden {hidden} f32 values do not fit in memory"
+            ))
+        }
+    }
+}
+
+impl Cli {
+    /// Checks the sizes given on the command line (before any file is read or buffer made).
+    pub fn check(&self) -> Result<(), String> {
+        match &self.command {
+            Command::Demo { prompt, .. } => check_tokens(*prompt, 1, DEMO_HIDDEN),
+            Command::Bench {
+                preset,
+                prompt,
+                steps,
+                batch,
+                ..
+            } => {
+                if *batch == 0 {
+                    return Err("--batch: must be at least 1".into());
+                }
+                let hidden = Preset::from(*preset).config().hidden;
+                check_tokens(*prompt, *batch, hidden)?;
+                check_tokens(*steps, *batch, hidden).map_err(|e| e.replace("--prompt", "--steps"))
+            }
+            Command::Inspect { .. } | Command::Forward { .. } => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(args: &[&str]) -> Result<(), String> {
+        parse(std::iter::once("kda").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?
+            .check()
+    }
+
+    #[test]
+    fn sizes_and_threads() {
+        assert!(check(&["demo"]).is_ok());
+        assert!(check(&["bench", "--batch", "3", "--prompt", "100"]).is_ok());
+        for (args, want) in [
+            (&["demo", "--prompt", "18014398509481984"][..], "--prompt"),
+            (
+                &["bench", "--prompt", "4611686018427387904"][..],
+                "--prompt",
+            ),
+            (
+                &["bench", "--prompt", "18446744073709551615"][..],
+                "--prompt",
+            ),
+            (&["bench", "--batch", "0"][..], "--batch"),
+            (
+                &["bench", "--steps", "1", "--batch", "9223372036854775807"][..],
+                "--batch",
+            ),
+            (&["bench", "--threads", "100000"][..], "1024"),
+        ] {
+            let e = check(args).unwrap_err();
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+        assert_eq!(resolve_threads(Some(1)), (1, false));
+        let (n, lowered) = resolve_threads(Some(MAX_THREADS));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(n, (cores * THREADS_PER_CORE).min(MAX_THREADS));
+        assert_eq!(lowered, n < MAX_THREADS);
+    }
+}
