@@ -73,6 +73,10 @@ pub enum Command {
         /// Seed for the weights and the inputs.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Also show speculative decoding: draft tokens verified in one step, a commit of the
+        /// accepted ones, checked against decoding them one by one.
+        #[arg(long)]
+        speculative: bool,
     },
     /// Lists the KDA layers of a checkpoint folder: dims, dtypes, gate forms.
     Inspect {
@@ -112,6 +116,15 @@ pub enum Command {
         /// in memory, faster) or `rows` (the checkpoint layout, used in place). Same results.
         #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
         layout: LayoutArg,
+        /// Also keep each sequence's states after every S of its tokens (S, 2S, … up to its
+        /// length) in the file given by --snapshots.
+        #[arg(long, value_name = "S", requires = "snapshots")]
+        snapshot_every: Option<usize>,
+        /// Snapshot file: `snapshot_seq` I64 [M], `snapshot_pos` I64 [M], `recurrent_state`
+        /// F32 [M,H,K,V], `conv_state_{q,k,v}` F32 [M,H·K,W−1], in order of sequence then
+        /// position. Written only when the whole run succeeded.
+        #[arg(long, value_name = "OUT", requires = "snapshot_every")]
+        snapshots: Option<PathBuf>,
     },
     /// Measures prefill and decode of one synthetic layer at a published size.
     Bench {
@@ -215,6 +228,10 @@ impl Cli {
                 check_tokens(*prompt, *batch, hidden)?;
                 check_tokens(*steps, *batch, hidden).map_err(|e| e.replace("--prompt", "--steps"))
             }
+            Command::Forward {
+                snapshot_every: Some(0),
+                ..
+            } => Err("--snapshot-every: must be at least 1".into()),
             Command::Inspect { .. } | Command::Forward { .. } => Ok(()),
         }
     }

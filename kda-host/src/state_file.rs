@@ -71,6 +71,28 @@ pub fn stage_state(path: &Path, cfg: &KdaConfig, c: &SequenceCaches) -> Result<S
     stage_tensors(path, state_tensors("", cfg, c), &BTreeMap::new())
 }
 
+/// Name of the snapshots' sequence indices.
+pub const SNAPSHOT_SEQ: &str = "snapshot_seq";
+/// Name of the snapshots' positions (tokens of the sequence consumed).
+pub const SNAPSHOT_POS: &str = "snapshot_pos";
+
+/// Writes a snapshot file to a temporary beside `path`, streamed: `snapshot_seq` and
+/// `snapshot_pos` (I64 `[M]`) and the `M` snapshots' states as in a state file.
+pub fn stage_snapshots(
+    path: &Path,
+    cfg: &KdaConfig,
+    at: &[kda_core::SnapshotPos],
+    snaps: &SequenceCaches,
+) -> Result<Staged> {
+    let to_i64 = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+    let seq: Vec<i64> = at.iter().map(|p| to_i64(p.seq)).collect();
+    let pos: Vec<i64> = at.iter().map(|p| to_i64(p.pos)).collect();
+    let mut tensors = state_tensors("", cfg, snaps);
+    tensors.push(TensorRef::i64(SNAPSHOT_SEQ, &seq));
+    tensors.push(TensorRef::i64(SNAPSHOT_POS, &pos));
+    stage_tensors(path, tensors, &BTreeMap::new())
+}
+
 /// Replaces `path` atomically with a one-layer state file, streamed.
 pub fn write_state(path: &Path, cfg: &KdaConfig, c: &SequenceCaches) -> Result<()> {
     stage_state(path, cfg, c)?.commit()

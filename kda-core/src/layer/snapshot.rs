@@ -15,7 +15,7 @@ use crate::error::KdaError;
 
 /// One snapshot: the caches of sequence `seq` after `pos` of its tokens in this call
 /// (`1 ≤ pos ≤` its length).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[repr(C)]
 pub struct SnapshotPos {

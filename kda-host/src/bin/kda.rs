@@ -8,19 +8,22 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::error::ErrorKind;
-use kda_core::{DecayGate, ForwardOptions, GateProj, InitialCaches, KdaConfig, KdaLayer};
+use kda_core::{
+    snapshot_count, snapshot_positions, DecayGate, ForwardOptions, GateProj, InitialCaches,
+    KdaConfig, KdaLayer, SnapshotPos,
+};
 use kda_host::bench::{self, BenchOptions};
 use kda_host::checkpoint::layout::{GateTensors, WeightTensor};
 use kda_host::cli::{self, Cli, Command, LayoutArg, DEMO_HIDDEN};
 use kda_host::fsio::{self, FileId};
 use kda_host::io::{stage_output, Input};
 use kda_host::rng::Rng;
-use kda_host::state_file::{read_state, stage_state};
+use kda_host::state_file::{read_state, stage_snapshots, stage_state};
 use kda_host::{
     Checkpoint, HostError, Mode, Model, OwnedLayer, Panels, Runner, SequenceCaches, WeightDtype,
 };
 
-fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
+fn demo(prompt: usize, steps: usize, seed: u64, speculative: bool) -> Result<(), String> {
     let cfg = KdaConfig::kimi_k3(DEMO_HIDDEN, 8, 32);
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, seed).map_err(|e| e.to_string())?;
     // The default layout of `kda forward` and `kda bench`: bf16 matrices in panels.
@@ -76,6 +79,64 @@ fn demo(prompt: usize, steps: usize, seed: u64) -> Result<(), String> {
     );
     if !y.iter().chain(&last).all(|v| v.is_finite()) {
         return Err("non-finite output".into());
+    }
+    if speculative {
+        demo_speculative(&layer, &mut runner, &mut caches, &mut rng)?;
+    }
+    Ok(())
+}
+
+/// Speculative decoding on the demo layer: rounds of D = 4 drafts, each verified in one call
+/// and committed with a different number of accepted tokens, checked against decoding the
+/// accepted tokens one by one (outputs and caches, bitwise).
+fn demo_speculative(
+    layer: &KdaLayer<'_>,
+    runner: &mut Runner,
+    caches: &mut SequenceCaches,
+    rng: &mut Rng,
+) -> Result<(), String> {
+    const D: usize = 4;
+    let cfg = *layer.config();
+    let h = cfg.hidden;
+    let err = |e: HostError| e.to_string();
+    let state_bytes = caches.bytes();
+    println!(
+        "speculative: {D} drafts per round, verified in one call, then the accepted ones committed"
+    );
+    for accepted in [2, 0, D, 1] {
+        let drafts = rng.normals(D * h, 1.0);
+        let mut direct = caches.clone();
+        let t = Instant::now();
+        let (out, mut record) = runner.verify(layer, &drafts, D, caches).map_err(err)?;
+        let t_verify = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        runner
+            .commit(layer, &mut record, D, &[accepted], caches)
+            .map_err(err)?;
+        let t_commit = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut steps = Vec::new();
+        for i in 0..accepted {
+            steps.extend(
+                runner
+                    .decode(layer, &drafts[i * h..(i + 1) * h], &mut direct)
+                    .map_err(err)?,
+            );
+        }
+        let t_steps = t.elapsed().as_secs_f64();
+        let same = out[..accepted * h] == steps[..] && *caches == direct;
+        println!(
+            "  accepted {accepted} of {D}: verify {:.2} ms + commit {:.3} ms (decoding the {accepted}: {:.2} ms); record {:.0} KiB vs {D} state copies {:.0} KiB; outputs and caches equal decoding them: {}",
+            1e3 * t_verify,
+            1e3 * t_commit,
+            1e3 * t_steps,
+            4.0 * record.len() as f64 / 1024.0,
+            (D * state_bytes) as f64 / 1024.0,
+            if same { "yes, bitwise" } else { "NO" }
+        );
+        if !same {
+            return Err("speculative commit differs from decoding the accepted tokens".into());
+        }
     }
     Ok(())
 }
@@ -213,6 +274,8 @@ struct ForwardArgs<'a> {
     mode: Mode,
     threads: Option<usize>,
     layout: LayoutArg,
+    /// `(S, file)`: snapshots every S tokens of each sequence.
+    snapshots: Option<(usize, &'a Path)>,
 }
 
 /// Checks before anything is computed that the output files can be written and replace no
@@ -221,6 +284,7 @@ struct ForwardArgs<'a> {
 fn check_outputs(a: &ForwardArgs, ckpt: &Checkpoint) -> Result<(), String> {
     let mut outputs = vec![("--output", a.output)];
     outputs.extend(a.state_out.map(|p| ("--state-out", p)));
+    outputs.extend(a.snapshots.map(|(_, p)| ("--snapshots", p)));
     let mut inputs: Vec<(String, PathBuf)> = ckpt
         .files_on_disk()
         .into_iter()
@@ -301,23 +365,39 @@ fn forward(a: &ForwardArgs) -> Result<(), String> {
     let mut runner = Runner::default();
     let opts = ForwardOptions::default().with_mode(a.mode);
     let layer = KdaLayer::new(cfg, w, opts).map_err(|e| format!("layer {index}: {e}"))?;
-    let out = pool
-        .install(|| {
-            runner.forward(
-                &layer,
-                &inp.hidden_states,
-                &inp.cu_seqlens,
-                &mut caches,
-                init,
-            )
+    let at = match a.snapshots {
+        Some((every, _)) => snapshot_list(&inp.cu_seqlens, every)?,
+        None => Vec::new(),
+    };
+    let (x, cu) = (&inp.hidden_states, &inp.cu_seqlens);
+    let (out, snaps) = pool
+        .install(|| match a.snapshots {
+            Some(_) => runner
+                .forward_with_snapshots(&layer, x, cu, &mut caches, init, &at)
+                .map(|(o, s)| (o, Some(s))),
+            None => runner
+                .forward(&layer, x, cu, &mut caches, init)
+                .map(|o| (o, None)),
         })
         .map_err(|e: HostError| format!("layer {index}: {e}"))?;
-    // Both files are written in full before either replaces anything.
+    // Every file is written in full before any replaces anything.
     let mut staged = vec![stage_output(a.output, &out, cfg.hidden).map_err(|e| e.to_string())?];
     if let Some(p) = a.state_out {
         staged.push(stage_state(p, cfg, &caches).map_err(|e| e.to_string())?);
     }
+    if let (Some((_, p)), Some(s)) = (a.snapshots, &snaps) {
+        staged.push(stage_snapshots(p, cfg, &at, s).map_err(|e| e.to_string())?);
+    }
     fsio::commit_all(staged).map_err(|e| e.to_string())
+}
+
+/// The snapshot positions every `every` tokens of each sequence of `cu_seqlens`.
+fn snapshot_list(cu_seqlens: &[usize], every: usize) -> Result<Vec<SnapshotPos>, String> {
+    let m = snapshot_count(cu_seqlens, every).map_err(|e| format!("--snapshot-every: {e}"))?;
+    let mut at = kda_host::error::try_zeroed::<SnapshotPos>(m, "the snapshot positions")
+        .map_err(|e| e.to_string())?;
+    snapshot_positions(cu_seqlens, every, &mut at).map_err(|e| format!("--snapshot-every: {e}"))?;
+    Ok(at)
 }
 
 fn run(cli: Cli) -> Result<(), String> {
@@ -327,7 +407,8 @@ fn run(cli: Cli) -> Result<(), String> {
             prompt,
             steps,
             seed,
-        } => demo(prompt, steps, seed),
+            speculative,
+        } => demo(prompt, steps, seed, speculative),
         Command::Inspect { dir } => inspect(&dir),
         Command::Forward {
             model,
@@ -339,6 +420,8 @@ fn run(cli: Cli) -> Result<(), String> {
             mode,
             threads,
             layout,
+            snapshot_every,
+            snapshots,
         } => forward(&ForwardArgs {
             model_dir: &model,
             layer,
@@ -349,6 +432,7 @@ fn run(cli: Cli) -> Result<(), String> {
             mode,
             threads,
             layout,
+            snapshots: snapshot_every.zip(snapshots.as_deref()),
         }),
         Command::Bench {
             preset,
