@@ -2,7 +2,7 @@
 
 use core::mem::{align_of, size_of};
 
-use crate::status::{KdaStatus, Res};
+use crate::status::{Fail, KdaStatus, Res};
 
 /// Byte range `[start, end)` of a buffer, for the overlap check.
 #[derive(Debug, Clone, Copy)]
@@ -19,17 +19,17 @@ fn check<T>(ptr: *const T, len: usize) -> Res<Option<(usize, usize)>> {
         return Ok(None);
     }
     if ptr.is_null() {
-        return Err(KdaStatus::NullPointer);
+        return Err(KdaStatus::NullPointer.into());
     }
     let start = ptr.addr();
     if start.checked_rem(align_of::<T>()) != Some(0) {
-        return Err(KdaStatus::BadAlignment);
+        return Err(KdaStatus::BadAlignment.into());
     }
     let bytes = len
         .checked_mul(size_of::<T>())
         .filter(|&b| isize::try_from(b).is_ok())
-        .ok_or(KdaStatus::Overflow)?;
-    let end = start.checked_add(bytes).ok_or(KdaStatus::Overflow)?;
+        .ok_or(Fail::from(KdaStatus::Overflow))?;
+    let end = start.checked_add(bytes).ok_or(Fail::from(KdaStatus::Overflow))?;
     Ok(Some((start, end)))
 }
 
@@ -69,11 +69,11 @@ impl Buffers {
             .iter()
             .any(|o| (o.writable || writable) && o.start < end && start < o.end)
         {
-            return Err(KdaStatus::Overlap);
+            return Err(KdaStatus::Overlap.into());
         }
-        let slot = self.ranges.get_mut(self.n).ok_or(KdaStatus::Internal)?;
+        let slot = self.ranges.get_mut(self.n).ok_or(Fail::from(KdaStatus::Internal))?;
         *slot = new;
-        self.n = self.n.checked_add(1).ok_or(KdaStatus::Internal)?;
+        self.n = self.n.checked_add(1).ok_or(Fail::from(KdaStatus::Internal))?;
         Ok(())
     }
 
@@ -135,10 +135,10 @@ unsafe fn slice_unchecked<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
 /// A non-NULL `ptr` must point to a valid, initialised `T` for `'a`.
 pub(crate) unsafe fn get<'a, T>(ptr: *const T) -> Res<&'a T> {
     if ptr.is_null() {
-        return Err(KdaStatus::NullPointer);
+        return Err(KdaStatus::NullPointer.into());
     }
     if ptr.addr().checked_rem(align_of::<T>()) != Some(0) {
-        return Err(KdaStatus::BadAlignment);
+        return Err(KdaStatus::BadAlignment.into());
     }
     // SAFETY: non-NULL and aligned; the caller guarantees a valid `T`.
     Ok(unsafe { &*ptr })
@@ -148,10 +148,10 @@ pub(crate) unsafe fn get<'a, T>(ptr: *const T) -> Res<&'a T> {
 /// no reference made.
 pub(crate) fn out_ptr<T>(ptr: *mut T) -> Res<*mut T> {
     if ptr.is_null() {
-        return Err(KdaStatus::NullPointer);
+        return Err(KdaStatus::NullPointer.into());
     }
     if ptr.addr().checked_rem(align_of::<T>()) != Some(0) {
-        return Err(KdaStatus::BadAlignment);
+        return Err(KdaStatus::BadAlignment.into());
     }
     Ok(ptr)
 }
@@ -162,10 +162,10 @@ pub(crate) fn out_ptr<T>(ptr: *mut T) -> Res<*mut T> {
 /// A non-NULL `out` must point to writable memory for a `usize`.
 pub(crate) unsafe fn put(out: *mut usize, v: usize) -> Res {
     if out.is_null() {
-        return Err(KdaStatus::NullPointer);
+        return Err(KdaStatus::NullPointer.into());
     }
     if out.addr().checked_rem(align_of::<usize>()) != Some(0) {
-        return Err(KdaStatus::BadAlignment);
+        return Err(KdaStatus::BadAlignment.into());
     }
     // SAFETY: non-NULL, aligned; the caller guarantees it is writable.
     unsafe { out.write(v) };
@@ -221,18 +221,18 @@ mod tests {
         // SAFETY: every pointer below either points into `data` or is rejected before use.
         unsafe {
             assert_eq!(
-                b.slice::<f32>(core::ptr::null(), 3).err(),
+                b.slice::<f32>(core::ptr::null(), 3).err().map(|f| f.status),
                 Some(KdaStatus::NullPointer)
             );
             assert!(b.slice::<f32>(core::ptr::null(), 0).is_ok());
             let odd = p.cast::<u8>().add(1).cast::<f32>();
-            assert_eq!(b.slice(odd, 1).err(), Some(KdaStatus::BadAlignment));
-            assert_eq!(b.slice(p, usize::MAX / 2).err(), Some(KdaStatus::Overflow));
+            assert_eq!(b.slice(odd, 1).err().map(|f| f.status), Some(KdaStatus::BadAlignment));
+            assert_eq!(b.slice(p, usize::MAX / 2).err().map(|f| f.status), Some(KdaStatus::Overflow));
             assert!(b.slice(p, 4).is_ok());
             assert!(b.slice(p.add(2), 4).is_ok(), "two inputs may overlap");
-            assert_eq!(b.slice_mut(p.add(3), 2).err(), Some(KdaStatus::Overlap));
+            assert_eq!(b.slice_mut(p.add(3), 2).err().map(|f| f.status), Some(KdaStatus::Overlap));
             assert!(b.slice_mut(p.add(6), 2).is_ok());
-            assert_eq!(b.slice(p.add(7), 1).err(), Some(KdaStatus::Overlap));
+            assert_eq!(b.slice(p.add(7), 1).err().map(|f| f.status), Some(KdaStatus::Overlap));
         }
     }
 

@@ -15,9 +15,11 @@ pub const KDA_FIXED_LAYER_WORDS: usize = 96;
 
 /// Fractional bits of the integer path's activations (inputs, outputs, conv states): Q15.16,
 /// `x_q = round(x · 65536)`.
-pub const KDA_Q_ACT_FRAC: u32 = fixed::ACT_FRAC;
+pub const KDA_Q_ACT_FRAC: u32 = 16;
 /// Fractional bits of the integer path's recurrent state: Q15.16.
-pub const KDA_Q_STATE_FRAC: u32 = fixed::STATE_FRAC;
+pub const KDA_Q_STATE_FRAC: u32 = 16;
+
+const _: () = assert!(KDA_Q_ACT_FRAC == fixed::ACT_FRAC && KDA_Q_STATE_FRAC == fixed::STATE_FRAC);
 
 /// A layer prepared for the integer path. Opaque, fixed size, caller-owned like `KdaLayer`;
 /// it views the int8 weight data and the parameter buffer given to `kda_fixed_init`, which
@@ -159,7 +161,7 @@ unsafe fn inner<'a>(layer: *const KdaFixedLayer) -> Res<&'a Inner> {
     let p = core::ptr::from_ref(storage).cast::<Inner>();
     // SAFETY: aligned, in bounds; the first word is written by every `kda_fixed_init`.
     if unsafe { core::ptr::addr_of!((*p).magic).read() } != MAGIC {
-        return Err(KdaStatus::BadHandle);
+        return Err(KdaStatus::BadHandle.into());
     }
     // SAFETY: the magic word says a valid `Inner` was written here.
     Ok(unsafe { &*p })

@@ -108,15 +108,14 @@ unsafe fn build(
     cfg: *const KdaConfig,
     weights: *const KdaWeights,
     opts: *const KdaOptions,
-) -> Result<kda_core::KdaLayer<'static>, (KdaStatus, Option<kda_core::KdaError>)> {
-    let plain = |s: KdaStatus| (s, None);
+) -> Res<kda_core::KdaLayer<'static>> {
     // SAFETY (all three): the caller's contract.
-    let c = unsafe { config(cfg) }.map_err(plain)?;
-    let w = unsafe { get(weights) }.map_err(plain)?;
-    let o = unsafe { options(opts) }.map_err(plain)?;
+    let c = unsafe { config(cfg) }?;
+    let w = unsafe { get(weights) }?;
+    let o = unsafe { options(opts) }?;
     // SAFETY: the caller's contract: the weight data outlives every use of the handle.
-    let w: kda_core::KdaWeights<'static> = unsafe { w.to_core(&c) }.map_err(plain)?;
-    kda_core::KdaLayer::new(&c, w, o).map_err(|e| (e.into(), Some(e)))
+    let w: kda_core::KdaWeights<'static> = unsafe { w.to_core(&c) }?;
+    Ok(kda_core::KdaLayer::new(&c, w, o)?)
 }
 
 /// Validates `cfg`, `weights` (each descriptor: pointers, lengths, dtype, layout, shapes) and
@@ -142,7 +141,7 @@ pub unsafe extern "C" fn kda_layer_init(
         // leaves the handle unusable.
         unsafe { core::ptr::addr_of_mut!((*p).magic).write(0) };
         // SAFETY: forwarded contract.
-        let l = unsafe { build(cfg, weights, opts) }.map_err(|(s, _)| s)?;
+        let l = unsafe { build(cfg, weights, opts) }?;
         // SAFETY: as above.
         unsafe { p.write(Inner { magic: MAGIC, layer: l }) };
         Ok(())
@@ -168,17 +167,20 @@ pub unsafe extern "C" fn kda_layer_explain(
     // SAFETY: the caller's contract.
     let buf = match unsafe { Buffers::new().slice_mut(msg.cast::<u8>(), msg_cap) } {
         Ok(b) => b,
-        Err(s) => return s,
+        Err(f) => return f.status,
     };
     let mut out = CBuf::new(buf);
     // SAFETY: forwarded contract.
-    let r = guard(|| unsafe { build(cfg, weights, opts) }.map(|_| ()).map_err(|(s, e)| {
-        let _ = match e {
-            Some(e) => write!(out, "{e}"),
-            None => write!(out, "{}", describe(s)),
-        };
-        s
-    }));
+    let r = guard(|| {
+        unsafe { build(cfg, weights, opts) }
+            .map(|_| ())
+            .inspect_err(|f| {
+                let _ = match f.error {
+                    Some(e) => write!(out, "{e}"),
+                    None => write!(out, "{}", describe(f.status)),
+                };
+            })
+    });
     if r == KdaStatus::Ok {
         let _ = write!(out, "ok");
     }
@@ -201,7 +203,7 @@ pub(crate) unsafe fn layer_of<'a>(layer: *const KdaLayer) -> Res<&'a kda_core::K
     // SAFETY: aligned, in bounds (static assertions); the first word is always written by
     // `kda_layer_init`.
     if unsafe { core::ptr::addr_of!((*p).magic).read() } != MAGIC {
-        return Err(KdaStatus::BadHandle);
+        return Err(KdaStatus::BadHandle.into());
     }
     // SAFETY: the magic word says `kda_layer_init` wrote a valid `Inner` here.
     Ok(unsafe { &(*p).layer })
@@ -253,7 +255,7 @@ pub unsafe extern "C" fn kda_forward(
         let init = match init {
             KDA_INIT_ZERO => InitialCaches::Zero,
             KDA_INIT_GIVEN => InitialCaches::Given,
-            _ => return Err(KdaStatus::Config),
+            _ => return Err(KdaStatus::Config.into()),
         };
         let mut b = Buffers::new();
         let x = unsafe { b.slice(bt.x, bt.x_len) }?;

@@ -76,7 +76,9 @@ pub use weights::{
 #[cfg(all(feature = "firmware-panic-handler", not(feature = "std"), not(test)))]
 mod panic_handler {
     extern "C" {
-        /// Defined by the firmware: what a panic inside the library does (it must not return).
+        /// Bare-metal builds only (feature `firmware-panic-handler`): called if the library ever
+        /// panics (a bug). Defined by the firmware, not the library; must not return (report,
+        /// then reset or halt). Host builds never call it.
         fn kda_panic_handler() -> !;
     }
 

@@ -57,14 +57,40 @@ impl From<KdaError> for KdaStatus {
     }
 }
 
+/// Why a call failed: the status, and kda-core's error when it came from there (for
+/// `kda_layer_explain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fail {
+    pub(crate) status: KdaStatus,
+    pub(crate) error: Option<KdaError>,
+}
+
+impl From<KdaStatus> for Fail {
+    fn from(status: KdaStatus) -> Self {
+        Fail {
+            status,
+            error: None,
+        }
+    }
+}
+
+impl From<KdaError> for Fail {
+    fn from(e: KdaError) -> Self {
+        Fail {
+            status: e.into(),
+            error: Some(e),
+        }
+    }
+}
+
 /// A call's result inside the crate.
-pub(crate) type Res<T = ()> = Result<T, KdaStatus>;
+pub(crate) type Res<T = ()> = Result<T, Fail>;
 
 /// Turns a `Res` into the status returned over the boundary.
 pub(crate) fn status(r: Res) -> KdaStatus {
     match r {
         Ok(()) => KdaStatus::Ok,
-        Err(s) => s,
+        Err(f) => f.status,
     }
 }
 

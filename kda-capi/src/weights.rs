@@ -6,7 +6,7 @@ use core::ffi::c_void;
 use kda_core::{bf16, f16, Data, GateProj, GateWeights, KdaError, MatRef};
 
 use crate::ffi::{weight_slice, Buffers};
-use crate::status::{guard, Res};
+use crate::status::{guard, Fail, Res};
 use crate::KdaStatus;
 
 /// `KdaTensor::dtype`: IEEE f32 (`float`), 4-byte aligned.
@@ -103,7 +103,7 @@ impl KdaTensor {
     /// `data` / `scales` point to `len` / `scales_len` valid elements (or are rejected).
     unsafe fn data<'a>(&self, name: &'static str) -> Res<Data<'a>> {
         if self.data.is_null() {
-            return Err(KdaStatus::NullPointer);
+            return Err(KdaStatus::NullPointer.into());
         }
         if self.dtype != KDA_DTYPE_I8 && !(self.scales.is_null() && self.scales_len == 0) {
             return Err(weights_err(name, "scales are for int8 tensors only").into());
@@ -118,7 +118,7 @@ impl KdaTensor {
             KDA_DTYPE_F16 => Data::F16(unsafe { weight_slice(self.data.cast::<f16>(), self.len) }?),
             KDA_DTYPE_I8 => {
                 if self.scales.is_null() {
-                    return Err(KdaStatus::NullPointer);
+                    return Err(KdaStatus::NullPointer.into());
                 }
                 Data::I8 {
                     data: unsafe { weight_slice(self.data.cast::<i8>(), self.len) }?,
@@ -271,7 +271,7 @@ pub(crate) fn tensor_of(d: Data<'_>) -> KdaTensor {
 #[no_mangle]
 pub unsafe extern "C" fn kda_panels_len(rows: usize, cols: usize, len: *mut usize) -> KdaStatus {
     guard(|| {
-        let n = kda_core::panels_len(rows, cols).ok_or(KdaStatus::Overflow)?;
+        let n = kda_core::panels_len(rows, cols).ok_or(Fail::from(KdaStatus::Overflow))?;
         // SAFETY: the caller's contract.
         unsafe { crate::ffi::put(len, n) }
     })
