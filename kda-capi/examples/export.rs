@@ -91,12 +91,20 @@ fn random_layer(cfg: &KdaConfig, rng: &mut Rng) -> Owned {
     mats.push(m(hd, d));
     // b_proj goes after the decay projection: order q, k, v, decay.., b, gate.., o.
     let b = m(h, hd);
-    let decay_n = if cfg.decay_proj == GateProj::FullRank { 1 } else { 2 };
+    let decay_n = if cfg.decay_proj == GateProj::FullRank {
+        1
+    } else {
+        2
+    };
     mats.insert(3 + decay_n, b);
     let w = cfg.conv_width;
     Owned {
         mats,
-        conv: [rng.vec(d * w, 0.5), rng.vec(d * w, 0.5), rng.vec(d * w, 0.5)],
+        conv: [
+            rng.vec(d * w, 0.5),
+            rng.vec(d * w, 0.5),
+            rng.vec(d * w, 0.5),
+        ],
         a_log: rng.vec(h, 1.0).iter().map(|v| v + 1.5).collect(),
         dt_bias: rng.vec(d, 1.0).iter().map(|v| v - 3.0).collect(),
         o_norm: rng.vec(k, 0.2).iter().map(|v| v + 1.0).collect(),
@@ -132,10 +140,12 @@ fn views<'a>(
     };
     let vecs: Vec<Data<'a>> = match conv {
         Some(cv) => cv.f16.iter().map(|v| Data::F16(v)).collect(),
-        None => [&o.conv[0], &o.conv[1], &o.conv[2], &o.a_log, &o.dt_bias, &o.o_norm]
-            .iter()
-            .map(|v| Data::F32(v))
-            .collect(),
+        None => [
+            &o.conv[0], &o.conv[1], &o.conv[2], &o.a_log, &o.dt_bias, &o.o_norm,
+        ]
+        .iter()
+        .map(|v| Data::F32(v))
+        .collect(),
     };
     let gate = |g: GateProj, next: &mut dyn FnMut() -> Result<MatRef<'a>, KdaError>| {
         Ok::<_, KdaError>(match g {
@@ -182,10 +192,12 @@ fn convert(o: &Owned) -> Converted {
             p
         })
         .collect();
-    let f16 = [&o.conv[0], &o.conv[1], &o.conv[2], &o.a_log, &o.dt_bias, &o.o_norm]
-        .iter()
-        .map(|v| v.iter().map(|&x| f16::from_f32(x)).collect())
-        .collect();
+    let f16 = [
+        &o.conv[0], &o.conv[1], &o.conv[2], &o.a_log, &o.dt_bias, &o.o_norm,
+    ]
+    .iter()
+    .map(|v| v.iter().map(|&x| f16::from_f32(x)).collect())
+    .collect();
     Converted { bf16, f16 }
 }
 
@@ -234,8 +246,16 @@ impl File {
         };
         let (dtype, bytes, scales): (u32, Vec<u8>, &[f32]) = match d {
             Data::F32(s) => (0, s.iter().flat_map(|v| v.to_le_bytes()).collect(), &[]),
-            Data::Bf16(s) => (1, s.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(), &[]),
-            Data::F16(s) => (2, s.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(), &[]),
+            Data::Bf16(s) => (
+                1,
+                s.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+                &[],
+            ),
+            Data::F16(s) => (
+                2,
+                s.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+                &[],
+            ),
             Data::I8 { data, scales } => (3, data.iter().map(|&v| v as u8).collect(), scales),
         };
         self.u32(dtype);
@@ -308,7 +328,10 @@ fn run_float(v: &Variant, w: KdaWeights<'_>, file: &mut File, rng: &mut Rng) -> 
     dec.iter().for_each(|&f| file.f32(f));
 
     let layer = KdaLayer::new(cfg, w, v.opts).expect("valid layer");
-    let (sl, cl) = (cfg.state_len().expect("ok"), cfg.conv_state_len().expect("ok"));
+    let (sl, cl) = (
+        cfg.state_len().expect("ok"),
+        cfg.conv_state_len().expect("ok"),
+    );
     let mut state = vec![0f32; n * sl];
     let mut conv = vec![vec![0f32; n * cl]; 3];
     let longest = v.seq_lens.iter().copied().max().unwrap_or(1);
@@ -329,11 +352,21 @@ fn run_float(v: &Variant, w: KdaWeights<'_>, file: &mut File, rng: &mut Rng) -> 
         out: &mut out,
     };
     layer
-        .forward(batch, caches.reborrow(), InitialCaches::Zero, &mut ws, &Serial)
+        .forward(
+            batch,
+            caches.reborrow(),
+            InitialCaches::Zero,
+            &mut ws,
+            &Serial,
+        )
         .expect("forward");
     let mut text = String::new();
     for (i, row) in out.chunks_exact(hd).enumerate() {
-        hex_line(&mut text, &format!("prefill {i}"), row.iter().map(|f| f.to_bits()));
+        hex_line(
+            &mut text,
+            &format!("prefill {i}"),
+            row.iter().map(|f| f.to_bits()),
+        );
     }
     let mut dws = vec![0f32; layer.decode_workspace_len(n, 1).expect("ws")];
     let mut dout = vec![0f32; n * hd];
@@ -342,7 +375,11 @@ fn run_float(v: &Variant, w: KdaWeights<'_>, file: &mut File, rng: &mut Rng) -> 
             .decode_step(xs, &mut dout, caches.reborrow(), &mut dws, &Serial)
             .expect("decode");
         for (q, row) in dout.chunks_exact(hd).enumerate() {
-            hex_line(&mut text, &format!("decode {s} {q}"), row.iter().map(|f| f.to_bits()));
+            hex_line(
+                &mut text,
+                &format!("decode {s} {q}"),
+                row.iter().map(|f| f.to_bits()),
+            );
         }
     }
     let mut vf = vec![0f32; state.len()];
@@ -367,7 +404,10 @@ fn run_fixed(v: &Variant, w: KdaWeights<'_>, file: &mut File, rng: &mut Rng) -> 
 
     let mut params = vec![0i32; fixed::params_len(cfg).expect("len")];
     let fw = fixed::prepare(cfg, &w, &mut params).expect("prepare");
-    let (sl, cl) = (cfg.state_len().expect("ok"), cfg.conv_state_len().expect("ok"));
+    let (sl, cl) = (
+        cfg.state_len().expect("ok"),
+        cfg.conv_state_len().expect("ok"),
+    );
     let mut state = vec![0i32; n * sl];
     let mut conv = vec![vec![0i32; n * cl]; 3];
     let mut ws = vec![0i32; kda_core::fixed_workspace_len(cfg).expect("ws")];
@@ -385,7 +425,11 @@ fn run_fixed(v: &Variant, w: KdaWeights<'_>, file: &mut File, rng: &mut Rng) -> 
         };
         kda_core::decode_step_fixed(cfg, &fw, xs, caches, &mut out, &mut ws).expect("decode");
         for (q, row) in out.chunks_exact(hd).enumerate() {
-            hex_line(&mut text, &format!("decode {s} {q}"), row.iter().map(|&i| i as u32));
+            hex_line(
+                &mut text,
+                &format!("decode {s} {q}"),
+                row.iter().map(|&i| i as u32),
+            );
         }
     }
     hex_line(&mut text, "state", state.iter().map(|&i| i as u32));

@@ -165,7 +165,13 @@ fn expected() -> Result<String, kda_core::KdaError> {
             cu_seqlens: &[0, T_PREFILL],
             out: &mut out,
         };
-        layer.forward(batch, caches.reborrow(), InitialCaches::Zero, &mut ws, &Serial)?;
+        layer.forward(
+            batch,
+            caches.reborrow(),
+            InitialCaches::Zero,
+            &mut ws,
+            &Serial,
+        )?;
         for (t, row) in out.chunks_exact(HIDDEN).enumerate() {
             line(&mut text, gate, t, row);
         }

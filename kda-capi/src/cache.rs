@@ -25,10 +25,11 @@ unsafe fn convert(
         // SAFETY (both): the caller's contract; `Buffers` checks them and their overlap.
         let s = unsafe { b.slice(src, src_len) }?;
         let d = unsafe { b.slice_mut(dst, dst_len) }?;
-        Ok(match dir {
+        match dir {
             Direction::KFirstToVFirst => kda_core::k_first_to_v_first(s, d, k, v)?,
             Direction::VFirstToKFirst => kda_core::v_first_to_k_first(s, d, k, v)?,
-        })
+        }
+        Ok(())
     })
 }
 
@@ -48,7 +49,16 @@ pub unsafe extern "C" fn kda_k_first_to_v_first(
     v: usize,
 ) -> KdaStatus {
     // SAFETY: forwarded contract.
-    unsafe { convert(Direction::KFirstToVFirst, src, src_len, dst, dst_len, [k, v]) }
+    unsafe {
+        convert(
+            Direction::KFirstToVFirst,
+            src,
+            src_len,
+            dst,
+            dst_len,
+            [k, v],
+        )
+    }
 }
 
 /// Converts recurrent states from V-first `[.., V, K]` to K-first `[.., K, V]`; as
@@ -66,5 +76,14 @@ pub unsafe extern "C" fn kda_v_first_to_k_first(
     v: usize,
 ) -> KdaStatus {
     // SAFETY: forwarded contract.
-    unsafe { convert(Direction::VFirstToKFirst, src, src_len, dst, dst_len, [k, v]) }
+    unsafe {
+        convert(
+            Direction::VFirstToKFirst,
+            src,
+            src_len,
+            dst,
+            dst_len,
+            [k, v],
+        )
+    }
 }

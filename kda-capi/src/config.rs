@@ -84,7 +84,7 @@ fn config_err(field: &'static str, reason: &'static str) -> kda_core::KdaError {
 
 impl KdaConfig {
     /// The core's config, validated.
-    pub(crate) fn to_core(&self) -> Result<kda_core::KdaConfig, kda_core::KdaError> {
+    pub(crate) fn to_core(self) -> Result<kda_core::KdaConfig, kda_core::KdaError> {
         let decay_gate = match self.decay_gate {
             KDA_DECAY_SOFTPLUS => DecayGate::Softplus,
             KDA_DECAY_LOWER_BOUND => DecayGate::LowerBound(self.lower_bound),
@@ -129,7 +129,7 @@ impl KdaConfig {
 
 impl KdaOptions {
     /// The core's options (the ISA is checked by `KdaLayer::new` / the sizing functions).
-    pub(crate) fn to_core(&self) -> Result<ForwardOptions, kda_core::KdaError> {
+    pub(crate) fn to_core(self) -> Result<ForwardOptions, kda_core::KdaError> {
         let mode = match self.mode {
             KDA_MODE_AUTO => Mode::Auto,
             KDA_MODE_RECURRENT => Mode::Recurrent,
@@ -174,7 +174,11 @@ pub(crate) unsafe fn config(cfg: *const KdaConfig) -> Res<kda_core::KdaConfig> {
 /// A Kimi Linear layer: softplus decay gate, low-rank decay and output-gate projections of rank
 /// `head_dim`, conv width 4, eps 1e-5 / 1e-6.
 #[no_mangle]
-pub extern "C" fn kda_config_kimi_linear(hidden: usize, heads: usize, head_dim: usize) -> KdaConfig {
+pub extern "C" fn kda_config_kimi_linear(
+    hidden: usize,
+    heads: usize,
+    head_dim: usize,
+) -> KdaConfig {
     KdaConfig::from_core(&kda_core::KdaConfig::kimi_linear(hidden, heads, head_dim))
 }
 

@@ -29,7 +29,9 @@ fn check<T>(ptr: *const T, len: usize) -> Res<Option<(usize, usize)>> {
         .checked_mul(size_of::<T>())
         .filter(|&b| isize::try_from(b).is_ok())
         .ok_or(Fail::from(KdaStatus::Overflow))?;
-    let end = start.checked_add(bytes).ok_or(Fail::from(KdaStatus::Overflow))?;
+    let end = start
+        .checked_add(bytes)
+        .ok_or(Fail::from(KdaStatus::Overflow))?;
     Ok(Some((start, end)))
 }
 
@@ -71,9 +73,15 @@ impl Buffers {
         {
             return Err(KdaStatus::Overlap.into());
         }
-        let slot = self.ranges.get_mut(self.n).ok_or(Fail::from(KdaStatus::Internal))?;
+        let slot = self
+            .ranges
+            .get_mut(self.n)
+            .ok_or(Fail::from(KdaStatus::Internal))?;
         *slot = new;
-        self.n = self.n.checked_add(1).ok_or(Fail::from(KdaStatus::Internal))?;
+        self.n = self
+            .n
+            .checked_add(1)
+            .ok_or(Fail::from(KdaStatus::Internal))?;
         Ok(())
     }
 
@@ -226,13 +234,25 @@ mod tests {
             );
             assert!(b.slice::<f32>(core::ptr::null(), 0).is_ok());
             let odd = p.cast::<u8>().add(1).cast::<f32>();
-            assert_eq!(b.slice(odd, 1).err().map(|f| f.status), Some(KdaStatus::BadAlignment));
-            assert_eq!(b.slice(p, usize::MAX / 2).err().map(|f| f.status), Some(KdaStatus::Overflow));
+            assert_eq!(
+                b.slice(odd, 1).err().map(|f| f.status),
+                Some(KdaStatus::BadAlignment)
+            );
+            assert_eq!(
+                b.slice(p, usize::MAX / 2).err().map(|f| f.status),
+                Some(KdaStatus::Overflow)
+            );
             assert!(b.slice(p, 4).is_ok());
             assert!(b.slice(p.add(2), 4).is_ok(), "two inputs may overlap");
-            assert_eq!(b.slice_mut(p.add(3), 2).err().map(|f| f.status), Some(KdaStatus::Overlap));
+            assert_eq!(
+                b.slice_mut(p.add(3), 2).err().map(|f| f.status),
+                Some(KdaStatus::Overlap)
+            );
             assert!(b.slice_mut(p.add(6), 2).is_ok());
-            assert_eq!(b.slice(p.add(7), 1).err().map(|f| f.status), Some(KdaStatus::Overlap));
+            assert_eq!(
+                b.slice(p.add(7), 1).err().map(|f| f.status),
+                Some(KdaStatus::Overlap)
+            );
         }
     }
 

@@ -136,8 +136,7 @@ pub unsafe extern "C" fn kda_fixed_init(
         let c = unsafe { config(cfg) }?;
         let w = unsafe { get(weights) }?;
         let w: kda_core::KdaWeights<'static> = unsafe { w.to_core(&c) }?;
-        let params: &'static mut [i32] =
-            unsafe { Buffers::new().slice_mut(params, params_len) }?;
+        let params: &'static mut [i32] = unsafe { Buffers::new().slice_mut(params, params_len) }?;
         let fw = fixed::prepare(&c, &w, params)?;
         // SAFETY: as above.
         unsafe {

@@ -143,7 +143,12 @@ pub unsafe extern "C" fn kda_layer_init(
         // SAFETY: forwarded contract.
         let l = unsafe { build(cfg, weights, opts) }?;
         // SAFETY: as above.
-        unsafe { p.write(Inner { magic: MAGIC, layer: l }) };
+        unsafe {
+            p.write(Inner {
+                magic: MAGIC,
+                layer: l,
+            })
+        };
         Ok(())
     })
 }

@@ -39,6 +39,7 @@
     clippy::arithmetic_side_effects,
     clippy::as_conversions
 )]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod cache;
 mod config;

@@ -106,10 +106,18 @@ pub unsafe extern "C" fn kda_quantize_layer(
             a_log: opt(r.a_log),
             dt_bias: opt(r.dt_bias),
             decay_proj,
-            decay_up: if decay_up.len == 0 { absent(decay_up) } else { decay_up },
+            decay_up: if decay_up.len == 0 {
+                absent(decay_up)
+            } else {
+                decay_up
+            },
             b_proj: mat(&r.b_proj),
             gate_proj,
-            gate_up: if gate_up.len == 0 { absent(gate_up) } else { gate_up },
+            gate_up: if gate_up.len == 0 {
+                absent(gate_up)
+            } else {
+                gate_up
+            },
             o_norm: tensor_of(r.o_norm),
             o_proj: mat(&r.o_proj),
         };

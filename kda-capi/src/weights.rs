@@ -201,7 +201,7 @@ impl KdaWeights {
     /// Every descriptor's pointers point to as many valid elements as its lengths say (or are
     /// rejected), alive and unchanged for `'a`.
     pub(crate) unsafe fn to_core<'a>(
-        &self,
+        self,
         cfg: &kda_core::KdaConfig,
     ) -> Res<kda_core::KdaWeights<'a>> {
         let (hd, d, h) = (cfg.hidden, cfg.proj_dim(), cfg.heads);
@@ -243,9 +243,27 @@ impl KdaWeights {
 /// A descriptor viewing `d` (row-major).
 pub(crate) fn tensor_of(d: Data<'_>) -> KdaTensor {
     let (data, len, dtype, scales, scales_len): (*const c_void, _, _, *const f32, _) = match d {
-        Data::F32(s) => (s.as_ptr().cast(), s.len(), KDA_DTYPE_F32, core::ptr::null(), 0),
-        Data::Bf16(s) => (s.as_ptr().cast(), s.len(), KDA_DTYPE_BF16, core::ptr::null(), 0),
-        Data::F16(s) => (s.as_ptr().cast(), s.len(), KDA_DTYPE_F16, core::ptr::null(), 0),
+        Data::F32(s) => (
+            s.as_ptr().cast(),
+            s.len(),
+            KDA_DTYPE_F32,
+            core::ptr::null(),
+            0,
+        ),
+        Data::Bf16(s) => (
+            s.as_ptr().cast(),
+            s.len(),
+            KDA_DTYPE_BF16,
+            core::ptr::null(),
+            0,
+        ),
+        Data::F16(s) => (
+            s.as_ptr().cast(),
+            s.len(),
+            KDA_DTYPE_F16,
+            core::ptr::null(),
+            0,
+        ),
         Data::I8 { data, scales } => (
             data.as_ptr().cast(),
             data.len(),
