@@ -172,7 +172,9 @@ typedef enum KdaStatus {
    */
   KDA_STATUS_TOO_SMALL = 2,
   /**
-   * A matrix has the wrong shape for the config (`Shape`).
+   * A matrix has the wrong shape for the config (`Shape`). Not returned by this interface,
+   * which takes every shape from the config (a wrongly sized matrix is
+   * `KDA_STATUS_LENGTH`); kept so kda-core's errors map one to one.
    */
   KDA_STATUS_SHAPE = 3,
   /**
@@ -307,8 +309,8 @@ typedef struct KdaFixedLayer {
  * One tensor, borrowed from the caller. The caller owns `data` and `scales`; they must stay
  * alive and unchanged for as long as a layer handle initialised from them is used.
  *
- * A tensor with `data == NULL` and `len == 0` is "absent" (allowed only for `a_log` and
- * `dt_bias`, and for the `*_up` halves of full-rank gates).
+ * A tensor with `len == 0` (and `scales_len == 0`; `data` may then be NULL) is "absent":
+ * allowed only for `a_log` and `dt_bias`, and for the `*_up` halves of full-rank gates.
  */
 typedef struct KdaTensor {
   /**

@@ -34,7 +34,7 @@ pub struct KdaFixedLayer {
 /// Marks an initialised handle ("KDA-FIXD").
 const MAGIC: u64 = 0x4B44_412D_4649_5844;
 
-struct Inner {
+pub(crate) struct Inner {
     magic: u64,
     cfg: kda_core::KdaConfig,
     weights: FixedWeights<'static>,

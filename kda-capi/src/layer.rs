@@ -339,3 +339,22 @@ pub unsafe extern "C" fn kda_layer_decode_workspace_len(
         unsafe { put(len, l.decode_workspace_len(batch, 1)?) }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_has_room() {
+        // The static assertions guarantee it; this shows the margin on the test target.
+        let (inner, handle) = (size_of::<Inner>(), size_of::<KdaLayer>());
+        println!("KdaLayer: {inner} of {handle} bytes used");
+        assert!(inner <= handle);
+        let (inner, handle) = (
+            size_of::<crate::fixed::Inner>(),
+            size_of::<crate::KdaFixedLayer>(),
+        );
+        println!("KdaFixedLayer: {inner} of {handle} bytes used");
+        assert!(inner <= handle);
+    }
+}

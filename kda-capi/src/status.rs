@@ -15,7 +15,9 @@ pub enum KdaStatus {
     Length = 1,
     /// A buffer (workspace, parameters) is shorter than its size function says (`TooSmall`).
     TooSmall = 2,
-    /// A matrix has the wrong shape for the config (`Shape`).
+    /// A matrix has the wrong shape for the config (`Shape`). Not returned by this interface,
+    /// which takes every shape from the config (a wrongly sized matrix is
+    /// `KDA_STATUS_LENGTH`); kept so kda-core's errors map one to one.
     Shape = 3,
     /// A config or option field is invalid (`Config`).
     Config = 4,
@@ -140,5 +142,75 @@ pub(crate) fn message(code: i32) -> &'static core::ffi::CStr {
         12 => c"the layer handle is not initialised",
         13 => c"a panic was caught inside the library (a bug; please report it)",
         _ => c"unknown status code",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_status_and_message() {
+        let errors = [
+            (
+                KdaError::Length {
+                    arg: "a",
+                    expected: 1,
+                    actual: 2,
+                },
+                KdaStatus::Length,
+            ),
+            (
+                KdaError::TooSmall {
+                    arg: "a",
+                    needed: 1,
+                    actual: 0,
+                },
+                KdaStatus::TooSmall,
+            ),
+            (
+                KdaError::Shape {
+                    arg: "a",
+                    expected: [1, 1],
+                    actual: [1, 2],
+                },
+                KdaStatus::Shape,
+            ),
+            (
+                KdaError::Config {
+                    field: "a",
+                    reason: "b",
+                },
+                KdaStatus::Config,
+            ),
+            (KdaError::Offsets { reason: "b" }, KdaStatus::Offsets),
+            (
+                KdaError::Weights {
+                    arg: "a",
+                    reason: "b",
+                },
+                KdaStatus::Weights,
+            ),
+            (KdaError::Internal { what: "a" }, KdaStatus::Internal),
+            (KdaError::Overflow { what: "a" }, KdaStatus::Overflow),
+        ];
+        for (e, s) in errors {
+            assert_eq!(KdaStatus::from(e), s);
+            assert_eq!(Fail::from(e).error, Some(e));
+        }
+        for code in 0..=KdaStatus::Panic.code() {
+            assert_ne!(message(code), c"unknown status code", "{code}");
+        }
+        assert_eq!(message(-1), c"unknown status code");
+        assert_eq!(message(KdaStatus::Panic.code() + 1), c"unknown status code");
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    #[allow(clippy::panic)]
+    fn a_panic_becomes_a_status() {
+        assert_eq!(guard(|| panic!("test panic")), KdaStatus::Panic);
+        assert_eq!(guard(|| Ok(())), KdaStatus::Ok);
+        assert_eq!(guard(|| Err(KdaStatus::Overlap.into())), KdaStatus::Overlap);
     }
 }

@@ -30,8 +30,8 @@ pub const KDA_LAYOUT_PANELS: u32 = 1;
 /// One tensor, borrowed from the caller. The caller owns `data` and `scales`; they must stay
 /// alive and unchanged for as long as a layer handle initialised from them is used.
 ///
-/// A tensor with `data == NULL` and `len == 0` is "absent" (allowed only for `a_log` and
-/// `dt_bias`, and for the `*_up` halves of full-rank gates).
+/// A tensor with `len == 0` (and `scales_len == 0`; `data` may then be NULL) is "absent":
+/// allowed only for `a_log` and `dt_bias`, and for the `*_up` halves of full-rank gates.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct KdaTensor {
@@ -94,7 +94,7 @@ fn weights_err(arg: &'static str, reason: &'static str) -> KdaError {
 
 impl KdaTensor {
     fn is_absent(&self) -> bool {
-        self.data.is_null() && self.len == 0
+        self.len == 0 && self.scales_len == 0
     }
 
     /// The elements as a [`Data`] view (layout not looked at).
