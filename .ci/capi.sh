@@ -9,10 +9,10 @@
 #    equal, byte for byte, what the Rust API computed for the same file (bitwise outputs).
 # 4. The C status tests provoke every status code from C.
 # 5. The C firmware (arm-none-eabi-gcc + newlib-nano, semihosting) runs under QEMU mps2-an386
-#    (Cortex-M4F, -icount shift=0): its outputs must equal the Rust API's for the Rust firmware's
-#    run, bitwise, and, when .ci/embedded.sh has run before (as in .ci/run), the Rust firmware's
-#    own log; instructions per decode token, flash and RAM are tabled beside the Rust firmware's
-#    in target/capi/report.md.
+#    (Cortex-M4F) and mps2-an385 (Cortex-M3, soft float), -icount shift=0: its outputs must equal
+#    the Rust API's for the Rust firmware's kda-f32 run, bitwise, and, when .ci/embedded.sh has
+#    run before (as in .ci/run), the Rust firmware's own log; instructions per decode token,
+#    flash and RAM are tabled beside the Rust firmware's in target/capi/report.md.
 # Installs what it needs (cbindgen into ~/.cache/kda-capi, Debian packages via apt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,40 +86,50 @@ cc $CFLAGS_HOST kda-capi/c/status_test.c $HOST_LIBS -o "$OUT/status_test"
 "$OUT/status_test" >"$OUT/status_test.log" || { cat "$OUT/status_test.log"; exit 1; }
 tail -1 "$OUT/status_test.log"
 
-step "C firmware: Cortex-M4F (arm-none-eabi-gcc, newlib-nano), QEMU mps2-an386"
+step "C firmware (arm-none-eabi-gcc, newlib-nano) under QEMU: Cortex-M4F (an386), Cortex-M3 (an385)"
 FW="$OUT/fw"
 rm -rf "$FW"
 cargo run -q -p kda-capi --release --example fw_export -- "$FW"
-CFLAGS_M4="-mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 -O2 -std=c99 -Wall -Wextra -Werror
-    -ffunction-sections -fdata-sections -I kda-capi/include -I kda-capi/firmware -I $FW"
-# shellcheck disable=SC2086
-arm-none-eabi-gcc $CFLAGS_M4 kda-capi/firmware/main.c kda-capi/firmware/startup.c \
-    -T kda-capi/firmware/mps2.ld --specs=nano.specs --specs=nosys.specs -nostartfiles \
-    -Wl,--gc-sections -Wl,-z,noexecstack \
-    "$FW_TARGET/thumbv7em-none-eabihf/release/libkda_capi.a" -lm -o "$FW/kda-c-f32"
-rc=0
-timeout 120 qemu-system-arm -machine mps2-an386 -cpu cortex-m4 -nographic -monitor none -serial none \
-    -semihosting-config enable=on,target=native -icount shift=0 -kernel "$FW/kda-c-f32" \
-    >"$FW/kda-c-f32.log" 2>&1 || rc=$?
-if [ "$rc" -ne 0 ] || ! grep -q '^DONE' "$FW/kda-c-f32.log"; then
-    echo "FAIL: the C firmware exited $rc" >&2
-    grep -v '^O ' "$FW/kda-c-f32.log" >&2
-    exit 1
-fi
-grep -q '^CAL 200000 5000$' "$FW/kda-c-f32.log" || { echo "FAIL: calibration is not 40 instructions a tick" >&2; exit 1; }
-grep '^O ' "$FW/kda-c-f32.log" >"$FW/c.out"
-cmp -s "$FW/c.out" "$FW/fw_expected.txt" || { echo "FAIL: C firmware output != Rust API" >&2; exit 1; }
-echo "C firmware: $(wc -l <"$FW/c.out") output rows bitwise equal to the Rust API's (portable kernels, host)"
 
-RUST_ELF="$ROOT/embedded/target/qemu/m4/kda-f32"
-RUST_LOG="$RUST_ELF.log"
-if [ -f "$RUST_LOG" ]; then
-    grep '^O ' "$RUST_LOG" >"$FW/rust.out"
-    cmp -s "$FW/c.out" "$FW/rust.out" || { echo "FAIL: C firmware output != Rust firmware's ($RUST_LOG)" >&2; exit 1; }
-    echo "C firmware: bitwise equal to the Rust firmware's log ($RUST_LOG)"
-else
-    echo "note: $RUST_LOG not found (run .ci/embedded.sh first, as .ci/run does): compared with the host only"
-fi
+# fw_build_run NAME TARGET MACHINE QEMU_CPU GCC_FLAGS...: builds $FW/NAME/kda-c-f32, runs it,
+# checks it against the Rust API's output (and the Rust firmware's log when present).
+fw_build_run() {
+    local name=$1 target=$2 machine=$3 cpu=$4
+    shift 4
+    local dir="$FW/$name" rc=0
+    mkdir -p "$dir"
+    arm-none-eabi-gcc "$@" -O2 -std=c99 -Wall -Wextra -Werror -ffunction-sections -fdata-sections \
+        -I kda-capi/include -I kda-capi/firmware -I "$FW" \
+        kda-capi/firmware/main.c kda-capi/firmware/startup.c \
+        -T kda-capi/firmware/mps2.ld --specs=nano.specs --specs=nosys.specs -nostartfiles \
+        -Wl,--gc-sections -Wl,-z,noexecstack \
+        "$FW_TARGET/$target/release/libkda_capi.a" -lm -o "$dir/kda-c-f32"
+    timeout 120 qemu-system-arm -machine "$machine" -cpu "$cpu" -nographic -monitor none -serial none \
+        -semihosting-config enable=on,target=native -icount shift=0 -kernel "$dir/kda-c-f32" \
+        >"$dir/kda-c-f32.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ] || ! grep -q '^DONE' "$dir/kda-c-f32.log"; then
+        echo "FAIL: the $name C firmware exited $rc" >&2
+        grep -v '^O ' "$dir/kda-c-f32.log" >&2
+        exit 1
+    fi
+    grep -q '^CAL 200000 5000$' "$dir/kda-c-f32.log" ||
+        { echo "FAIL: $name calibration is not 40 instructions a tick" >&2; exit 1; }
+    grep '^O ' "$dir/kda-c-f32.log" >"$dir/c.out"
+    cmp -s "$dir/c.out" "$FW/fw_expected.txt" ||
+        { echo "FAIL: $name C firmware output != Rust API" >&2; exit 1; }
+    echo "$name C firmware: $(wc -l <"$dir/c.out") output rows bitwise equal to the Rust API's (host, portable kernels)"
+    local rust="$ROOT/embedded/target/qemu/$name/kda-f32.log"
+    if [ -f "$rust" ]; then
+        grep '^O ' "$rust" | cmp -s "$dir/c.out" - ||
+            { echo "FAIL: $name C firmware output != Rust firmware's ($rust)" >&2; exit 1; }
+        echo "$name C firmware: bitwise equal to the Rust firmware's log ($rust)"
+    else
+        echo "note: $rust not found (run .ci/embedded.sh first, as .ci/run does): compared with the host only"
+    fi
+}
+fw_build_run m4 thumbv7em-none-eabihf mps2-an386 cortex-m4 \
+    -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16
+fw_build_run m3 thumbv7m-none-eabi mps2-an385 cortex-m3 -mcpu=cortex-m3 -mthumb -mfloat-abi=soft
 
 # One table row: name elf log. Instructions = timer ticks x 40; flash = text + data, RAM =
 # data + bss + stack high-water mark (arm-none-eabi-size, Berkeley format).
@@ -137,10 +147,15 @@ row() {
         }' "$log"
 }
 {
-    echo "| Cortex-M4F (an386), f32 weights | instructions / decode token (lb / sp) | instructions / 8-token prefill | flash, bytes | RAM, bytes (static + stack) |"
+    echo "| f32 weights, float path | instructions / decode token (lb / sp) | instructions / 8-token prefill | flash, bytes | RAM, bytes (static + stack) |"
     echo "|---|---|---|---|---|"
-    row "C firmware via kda.h (libkda_capi.a)" "$FW/kda-c-f32" "$FW/kda-c-f32.log"
-    if [ -f "$RUST_LOG" ]; then row "Rust firmware (embedded/, kda-f32)" "$RUST_ELF" "$RUST_LOG"; fi
+    for b in "m4:Cortex-M4F (an386)" "m3:Cortex-M3 (an385, soft float)"; do
+        name=${b%%:*}
+        board=${b#*:}
+        row "$board, C firmware via kda.h" "$FW/$name/kda-c-f32" "$FW/$name/kda-c-f32.log"
+        rust="$ROOT/embedded/target/qemu/$name/kda-f32"
+        if [ -f "$rust.log" ]; then row "$board, Rust firmware (embedded/)" "$rust" "$rust.log"; fi
+    done
 } >"$OUT/report.md"
 cat "$OUT/report.md"
 

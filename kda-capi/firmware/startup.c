@@ -73,9 +73,11 @@ uint32_t stack_high_water(void) {
 void reset_handler(void) {
     memcpy(&_data_start, &_data_load, (size_t)((char *)&_data_end - (char *)&_data_start));
     memset(&_bss_start, 0, (size_t)((char *)&_bss_end - (char *)&_bss_start));
-    /* Enable the FPU (CP10, CP11 full access) before any float instruction. */
+#if defined(__ARM_FP)
+    /* Cortex-M4F: enable the FPU (CP10, CP11 full access) before any float instruction. */
     *(volatile uint32_t *)0xE000ED88u |= 0xFu << 20;
     __asm__ volatile("dsb\n isb");
+#endif
     sh_exit(main() == 0);
 }
 
