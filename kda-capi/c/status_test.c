@@ -207,6 +207,19 @@ int main(void) {
     b2.x_len = SIZE_MAX / 2;
     expect(kda_forward(&layer, &b2, &caches, KDA_INIT_ZERO, ws, ws_len), KDA_STATUS_OVERFLOW, "forward: x length overflows");
 
+    static float wbuf[64];
+    KdaWeights wa = w;
+    wa.o_norm = f32t(wbuf, K);
+    KdaLayer aliased;
+    expect(kda_layer_init(&aliased, &cfg, &wa, NULL), KDA_STATUS_OK, "init: o_norm in a buffer later written");
+    c2 = caches;
+    c2.conv_v = wbuf + 8;
+    expect(kda_forward(&aliased, &batch, &c2, KDA_INIT_ZERO, ws, ws_len), KDA_STATUS_OK,
+           "forward: conv_v next to the weights");
+    c2.conv_v = wbuf;
+    expect(kda_forward(&aliased, &batch, &c2, KDA_INIT_ZERO, ws, ws_len), KDA_STATUS_OVERLAP,
+           "forward: conv_v overwrites o_norm's data");
+
     KdaTokens tok = {x, HID, out, HID};
     KdaCaches one = {state, state_len, cq, conv_len, ck, conv_len, cv, conv_len};
     expect(kda_decode_step(&layer, &tok, &one, ws, ws_len), KDA_STATUS_OK, "decode_step");
@@ -259,6 +272,8 @@ int main(void) {
     KdaFixedCaches fc2 = fc;
     fc2.conv_v = NULL;
     expect(kda_fixed_decode_step(&fl, &ft, &fc2, fws, fws_len), KDA_STATUS_NULL_POINTER, "fixed_decode_step: NULL conv_v");
+    expect(kda_fixed_decode_step(&fl, &ft, &fc, params, fws_len), KDA_STATUS_OVERLAP,
+           "fixed_decode_step: workspace over the parameters");
     memset(&fl, 0xAB, sizeof fl);
     expect(kda_fixed_decode_step(&fl, &ft, &fc, fws, fws_len), KDA_STATUS_BAD_HANDLE, "fixed_decode_step: garbage handle");
 

@@ -92,7 +92,7 @@
 /**
  * Size of [`KdaFixedLayer`] in 8-byte words.
  */
-#define KDA_FIXED_LAYER_WORDS 96
+#define KDA_FIXED_LAYER_WORDS 112
 
 /**
  * Fractional bits of the integer path's activations (inputs, outputs, conv states): Q15.16,

@@ -85,6 +85,28 @@ impl Buffers {
         Ok(())
     }
 
+    /// Checks that no writable buffer of the call overlaps `s` (read-only data the call
+    /// reads but did not pass: the layer's weights).
+    pub(crate) fn check_not_written<T>(&self, s: &[T]) -> Res {
+        let Some(bytes) = s.len().checked_mul(size_of::<T>()) else {
+            return Err(KdaStatus::Overflow.into());
+        };
+        self.check_range_not_written(s.as_ptr().addr(), bytes)
+    }
+
+    /// As [`Buffers::check_not_written`], for the byte range `start .. start + bytes`.
+    pub(crate) fn check_range_not_written(&self, start: usize, bytes: usize) -> Res {
+        let end = start.saturating_add(bytes);
+        let seen = self.ranges.get(..self.n).unwrap_or(&[]);
+        if seen
+            .iter()
+            .any(|o| o.writable && o.start < end && start < o.end)
+        {
+            return Err(KdaStatus::Overlap.into());
+        }
+        Ok(())
+    }
+
     /// A read-only slice of `len` elements at `ptr` (NULL allowed when `len` is 0).
     ///
     /// # Safety

@@ -11,7 +11,7 @@ use crate::status::{guard, KdaStatus, Res};
 use crate::weights::KdaWeights;
 
 /// Size of [`KdaFixedLayer`] in 8-byte words.
-pub const KDA_FIXED_LAYER_WORDS: usize = 96;
+pub const KDA_FIXED_LAYER_WORDS: usize = 112;
 
 /// Fractional bits of the integer path's activations (inputs, outputs, conv states): Q15.16,
 /// `x_q = round(x · 65536)`.
@@ -37,6 +37,8 @@ const MAGIC: u64 = 0x4B44_412D_4649_5844;
 pub(crate) struct Inner {
     magic: u64,
     cfg: kda_core::KdaConfig,
+    /// Byte range of the parameter buffer (read by every step: no call may write it).
+    params: (usize, usize),
     weights: FixedWeights<'static>,
 }
 
@@ -137,12 +139,14 @@ pub unsafe extern "C" fn kda_fixed_init(
         let w = unsafe { get(weights) }?;
         let w: kda_core::KdaWeights<'static> = unsafe { w.to_core(&c) }?;
         let params: &'static mut [i32] = unsafe { Buffers::new().slice_mut(params, params_len) }?;
+        let range = (params.as_ptr().addr(), core::mem::size_of_val(params));
         let fw = fixed::prepare(&c, &w, params)?;
         // SAFETY: as above.
         unsafe {
             p.write(Inner {
                 magic: MAGIC,
                 cfg: c,
+                params: range,
                 weights: fw,
             })
         };
@@ -198,6 +202,7 @@ pub unsafe extern "C" fn kda_fixed_decode_step(
             }
         };
         let ws = unsafe { b.slice_mut(workspace, workspace_len) }?;
+        b.check_range_not_written(l.params.0, l.params.1)?;
         Ok(kda_core::decode_step_fixed(
             &l.cfg, &l.weights, x, caches, out, ws,
         )?)
