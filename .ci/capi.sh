@@ -51,8 +51,8 @@ FW_FEATURES=(--no-default-features --features firmware-panic-handler)
 cargo clippy -p kda-capi --no-deps --target thumbv7em-none-eabihf "${FW_FEATURES[@]}" -- -D warnings
 cargo test -p kda-capi
 
-step "static libraries: host (std) and Cortex-M (fat LTO, as the Rust firmware)"
-cargo build -p kda-capi --release
+step "static libraries: host (std; dev profile, which shares kda-core with the workspace tests) and Cortex-M (fat LTO, as the Rust firmware)"
+cargo build -p kda-capi
 FW_TARGET="$OUT/fw-target"
 for t in thumbv7em-none-eabihf thumbv7m-none-eabi; do
     CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 CARGO_PROFILE_RELEASE_OPT_LEVEL=3 \
@@ -60,13 +60,13 @@ for t in thumbv7em-none-eabihf thumbv7m-none-eabi; do
     ls -l "$FW_TARGET/$t/release/libkda_capi.a"
 done
 
-HOST_LIBS="target/release/libkda_capi.a -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+HOST_LIBS="target/debug/libkda_capi.a -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
 CFLAGS_HOST="-std=c99 -O2 -Wall -Wextra -Werror -I kda-capi/include"
 mkdir -p "$OUT"
 
 step "host C example (cc) == Rust API, bitwise"
 rm -rf "$OUT/data"
-cargo run -q -p kda-capi --release --example export -- "$OUT/data" >/dev/null
+cargo run -q -p kda-capi --example export -- "$OUT/data" >/dev/null
 # shellcheck disable=SC2086
 cc $CFLAGS_HOST kda-capi/c/host_example.c $HOST_LIBS -o "$OUT/host_example"
 for f in "$OUT"/data/*.kdal; do
@@ -89,7 +89,7 @@ tail -1 "$OUT/status_test.log"
 step "C firmware (arm-none-eabi-gcc, newlib-nano) under QEMU: Cortex-M4F (an386), Cortex-M3 (an385)"
 FW="$OUT/fw"
 rm -rf "$FW"
-cargo run -q -p kda-capi --release --example fw_export -- "$FW"
+cargo run -q -p kda-capi --example fw_export -- "$FW"
 
 # fw_build_run NAME TARGET MACHINE QEMU_CPU GCC_FLAGS...: builds $FW/NAME/kda-c-f32, runs it,
 # checks it against the Rust API's output (and the Rust firmware's log when present).
