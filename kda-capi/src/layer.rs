@@ -134,7 +134,6 @@ pub unsafe extern "C" fn kda_layer_init(
     opts: *const KdaOptions,
 ) -> KdaStatus {
     guard(|| {
-        // SAFETY: the caller's contract (NULL and alignment are checked).
         let p = out_ptr(layer)?.cast::<Inner>();
         // SAFETY: `p` is the caller's writable, aligned handle storage, large enough for
         // `Inner` (static assertions above); the magic word is written first so a failed init
