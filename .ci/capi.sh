@@ -9,8 +9,9 @@
 #    equal, byte for byte, what the Rust API computed for the same file (bitwise outputs).
 # 4. The C status tests provoke every status code from C.
 # 5. The C firmware (arm-none-eabi-gcc + newlib-nano, semihosting) runs under QEMU mps2-an386
-#    (Cortex-M4F) and mps2-an385 (Cortex-M3, soft float), -icount shift=0: its outputs must equal
-#    the Rust API's for the Rust firmware's kda-f32 run, bitwise, and, when .ci/embedded.sh has
+#    (Cortex-M4F) and mps2-an385 (Cortex-M3, soft float), -icount shift=0, float path (as the
+#    Rust firmware's kda-f32) and integer-only path (as kda-fixed): its outputs must equal the
+#    Rust API's for the Rust firmware's runs, bitwise, and, when .ci/embedded.sh has
 #    run before (as in .ci/run), the Rust firmware's own log; instructions per decode token,
 #    flash and RAM are tabled beside the Rust firmware's in target/capi/report.md.
 # Installs what it needs (cbindgen into ~/.cache/kda-capi, Debian packages via apt).
@@ -91,70 +92,84 @@ FW="$OUT/fw"
 rm -rf "$FW"
 cargo run -q -p kda-capi --example fw_export -- "$FW"
 
-# fw_build_run NAME TARGET MACHINE QEMU_CPU GCC_FLAGS...: builds $FW/NAME/kda-c-f32, runs it,
-# checks it against the Rust API's output (and the Rust firmware's log when present).
+# fw_build_run BOARD VARIANT TARGET MACHINE QEMU_CPU GCC_FLAGS...: builds
+# $FW/BOARD/kda-c-VARIANT (VARIANT f32: float path, `O` rows; fixed: integer path, `Q` rows),
+# runs it, and checks its rows against the Rust API's (and the Rust firmware's log when present).
 fw_build_run() {
-    local name=$1 target=$2 machine=$3 cpu=$4
-    shift 4
-    local dir="$FW/$name" rc=0
+    local board=$1 variant=$2 target=$3 machine=$4 cpu=$5
+    shift 5
+    local dir="$FW/$board" elf="$FW/$board/kda-c-$variant" rc=0 rows=O expected="$FW/fw_expected.txt"
+    local define=()
+    if [ "$variant" = fixed ]; then
+        rows=Q
+        expected="$FW/fw_expected_fixed.txt"
+        define=(-DKDA_FW_FIXED)
+    fi
     mkdir -p "$dir"
-    arm-none-eabi-gcc "$@" -O2 -std=c99 -Wall -Wextra -Werror -ffunction-sections -fdata-sections \
-        -I kda-capi/include -I kda-capi/firmware -I "$FW" \
+    arm-none-eabi-gcc "$@" "${define[@]}" -O2 -std=c99 -Wall -Wextra -Werror \
+        -ffunction-sections -fdata-sections -I kda-capi/include -I kda-capi/firmware -I "$FW" \
         kda-capi/firmware/main.c kda-capi/firmware/startup.c \
         -T kda-capi/firmware/mps2.ld --specs=nano.specs --specs=nosys.specs -nostartfiles \
         -Wl,--gc-sections -Wl,-z,noexecstack \
-        "$FW_TARGET/$target/release/libkda_capi.a" -lm -o "$dir/kda-c-f32"
+        "$FW_TARGET/$target/release/libkda_capi.a" -lm -o "$elf"
     timeout 120 qemu-system-arm -machine "$machine" -cpu "$cpu" -nographic -monitor none -serial none \
-        -semihosting-config enable=on,target=native -icount shift=0 -kernel "$dir/kda-c-f32" \
-        >"$dir/kda-c-f32.log" 2>&1 || rc=$?
-    if [ "$rc" -ne 0 ] || ! grep -q '^DONE' "$dir/kda-c-f32.log"; then
-        echo "FAIL: the $name C firmware exited $rc" >&2
-        grep -v '^O ' "$dir/kda-c-f32.log" >&2
+        -semihosting-config enable=on,target=native -icount shift=0 -kernel "$elf" \
+        >"$elf.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ] || ! grep -q '^DONE' "$elf.log"; then
+        echo "FAIL: $board kda-c-$variant exited $rc" >&2
+        grep -v "^$rows " "$elf.log" >&2
         exit 1
     fi
-    grep -q '^CAL 200000 5000$' "$dir/kda-c-f32.log" ||
-        { echo "FAIL: $name calibration is not 40 instructions a tick" >&2; exit 1; }
-    grep '^O ' "$dir/kda-c-f32.log" >"$dir/c.out"
-    cmp -s "$dir/c.out" "$FW/fw_expected.txt" ||
-        { echo "FAIL: $name C firmware output != Rust API" >&2; exit 1; }
-    echo "$name C firmware: $(wc -l <"$dir/c.out") output rows bitwise equal to the Rust API's (host, portable kernels)"
-    local rust="$ROOT/embedded/target/qemu/$name/kda-f32.log"
+    grep -q '^CAL 200000 5000$' "$elf.log" ||
+        { echo "FAIL: $board calibration is not 40 instructions a tick" >&2; exit 1; }
+    grep "^$rows " "$elf.log" >"$elf.rows"
+    cmp -s "$elf.rows" "$expected" ||
+        { echo "FAIL: $board kda-c-$variant output != Rust API" >&2; exit 1; }
+    echo "$board kda-c-$variant: $(wc -l <"$elf.rows") output rows bitwise equal to the Rust API's on the host"
+    local rust="$ROOT/embedded/target/qemu/$board/kda-$variant.log"
     if [ -f "$rust" ]; then
-        grep '^O ' "$rust" | cmp -s "$dir/c.out" - ||
-            { echo "FAIL: $name C firmware output != Rust firmware's ($rust)" >&2; exit 1; }
-        echo "$name C firmware: bitwise equal to the Rust firmware's log ($rust)"
+        grep "^$rows " "$rust" | cmp -s "$elf.rows" - ||
+            { echo "FAIL: $board kda-c-$variant output != the Rust firmware's ($rust)" >&2; exit 1; }
+        echo "$board kda-c-$variant: bitwise equal to the Rust firmware's log ($rust)"
     else
         echo "note: $rust not found (run .ci/embedded.sh first, as .ci/run does): compared with the host only"
     fi
 }
-fw_build_run m4 thumbv7em-none-eabihf mps2-an386 cortex-m4 \
-    -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16
-fw_build_run m3 thumbv7m-none-eabi mps2-an385 cortex-m3 -mcpu=cortex-m3 -mthumb -mfloat-abi=soft
+M4=(thumbv7em-none-eabihf mps2-an386 cortex-m4 -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16)
+M3=(thumbv7m-none-eabi mps2-an385 cortex-m3 -mcpu=cortex-m3 -mthumb -mfloat-abi=soft)
+for v in f32 fixed; do
+    fw_build_run m4 "$v" "${M4[@]}"
+    fw_build_run m3 "$v" "${M3[@]}"
+done
 
-# One table row: name elf log. Instructions = timer ticks x 40; flash = text + data, RAM =
-# data + bss + stack high-water mark (arm-none-eabi-size, Berkeley format).
+# One table row: label elf log. Instructions = timer ticks x 40 (the prompt: summed over its
+# timed regions); flash = text + data, RAM = data + bss + stack high-water mark
+# (arm-none-eabi-size, Berkeley format).
 row() {
-    local name=$1 elf=$2 log=$3
+    local label=$1 elf=$2 log=$3
     read -r text data bss _ < <(arm-none-eabi-size -B "$elf" | tail -1)
-    awk -v name="$name" -v text="$text" -v data="$data" -v bss="$bss" '
+    awk -v label="$label" -v text="$text" -v data="$data" -v bss="$bss" '
         $1 == "T" && $3 == "decode" { d[$2] += $5 * 40; nd[$2]++ }
-        $1 == "T" && $3 == "prefill" { p[$2] = $5 * 40 }
+        $1 == "T" && $3 == "prefill" { p[$2] += $5 * 40 }
         $1 == "STACK" { stack = $2 }
         END {
-            printf "| %s | %.0fk / %.0fk | %.0fk / %.0fk | %d | %d (%d + %d) |\n", name,
+            printf "| %s | %.0fk / %.0fk | %.0fk / %.0fk | %d | %d (%d + %d) |\n", label,
                 d["lb"] / nd["lb"] / 1000, d["sp"] / nd["sp"] / 1000, p["lb"] / 1000, p["sp"] / 1000,
                 text + data, data + bss + stack, data + bss, stack
         }' "$log"
 }
 {
-    echo "| f32 weights, float path | instructions / decode token (lb / sp) | instructions / 8-token prefill | flash, bytes | RAM, bytes (static + stack) |"
+    echo "| board, path | instructions / decode token (lb / sp) | instructions / 8-token prompt | flash, bytes | RAM, bytes (static + stack) |"
     echo "|---|---|---|---|---|"
-    for b in "m4:Cortex-M4F (an386)" "m3:Cortex-M3 (an385, soft float)"; do
-        name=${b%%:*}
-        board=${b#*:}
-        row "$board, C firmware via kda.h" "$FW/$name/kda-c-f32" "$FW/$name/kda-c-f32.log"
-        rust="$ROOT/embedded/target/qemu/$name/kda-f32"
-        if [ -f "$rust.log" ]; then row "$board, Rust firmware (embedded/)" "$rust" "$rust.log"; fi
+    for b in "m4:Cortex-M4F" "m3:Cortex-M3"; do
+        for v in "f32:f32 weights, float path" "fixed:int8 weights, integer-only path"; do
+            board=${b%%:*}
+            variant=${v%%:*}
+            label="${b#*:}, ${v#*:}"
+            row "$label, C via kda.h" "$FW/$board/kda-c-$variant" "$FW/$board/kda-c-$variant.log"
+            rust="$ROOT/embedded/target/qemu/$board/kda-$variant"
+            if [ -f "$rust.log" ]; then row "$label, Rust (embedded/)" "$rust" "$rust.log"; fi
+        done
     done
 } >"$OUT/report.md"
 cat "$OUT/report.md"
