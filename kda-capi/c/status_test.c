@@ -259,9 +259,13 @@ int main(void) {
     KdaWeights qw;
     qb.data_len = qn - 1;
     expect(kda_quantize_layer(&cfg, &w, &qb, &qw), KDA_STATUS_TOO_SMALL, "quantize_layer: short buffer");
+    KdaQuantBuffers over = {qdata, qn, big, qs, 1};
+    expect(kda_quantize_layer(&cfg, &w, &over, &qw), KDA_STATUS_OVERLAP, "quantize_layer: scales over the weights");
     qb.data_len = qn;
     expect(kda_quantize_layer(&cfg, &w, &qb, &qw), KDA_STATUS_OK, "quantize_layer");
     expect(kda_fixed_init(&fl, &cfg, &qw, params, params_len - 1), KDA_STATUS_TOO_SMALL, "fixed_init: short params");
+    expect(kda_fixed_init(&fl, &cfg, &qw, (int32_t *)qscales, params_len), KDA_STATUS_OVERLAP,
+           "fixed_init: parameters over the int8 scales");
     expect(kda_fixed_init(&fl, &cfg, &qw, params, params_len), KDA_STATUS_OK, "fixed_init");
     static int32_t fstate[64], fq[64], fk[64], fv[64], fws[1024], fx[HID], fout[HID];
     KdaFixedCaches fc = {fstate, state_len, fq, conv_len, fk, conv_len, fv, conv_len};

@@ -740,7 +740,9 @@ enum KdaStatus kda_fixed_init(struct KdaFixedLayer *layer,
 /**
  * One decode step in integer arithmetic only: one Q15.16 token for each of `N` sequences,
  * caches updated in place. `workspace`: caller-owned, at least `kda_fixed_workspace_len`
- * elements. Results are bitwise the same on every target.
+ * elements. Results are bitwise the same on every target. A writable buffer overlapping the
+ * parameter buffer is `KDA_STATUS_OVERLAP`; one overlapping the int8 weight data is not
+ * detected on this path (the handle does not keep their addresses): don't.
  *
  * # Safety
  * `layer`: an initialised handle; `tokens`, `caches`: valid structs whose pointers hold as

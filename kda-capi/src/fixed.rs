@@ -138,7 +138,9 @@ pub unsafe extern "C" fn kda_fixed_init(
         let c = unsafe { config(cfg) }?;
         let w = unsafe { get(weights) }?;
         let w: kda_core::KdaWeights<'static> = unsafe { w.to_core(&c) }?;
-        let params: &'static mut [i32] = unsafe { Buffers::new().slice_mut(params, params_len) }?;
+        let mut b = Buffers::new();
+        let params: &'static mut [i32] = unsafe { b.slice_mut(params, params_len) }?;
+        crate::layer::check_weights(&b, &w)?;
         let range = (params.as_ptr().addr(), core::mem::size_of_val(params));
         let fw = fixed::prepare(&c, &w, params)?;
         // SAFETY: as above.
@@ -172,7 +174,9 @@ unsafe fn inner<'a>(layer: *const KdaFixedLayer) -> Res<&'a Inner> {
 
 /// One decode step in integer arithmetic only: one Q15.16 token for each of `N` sequences,
 /// caches updated in place. `workspace`: caller-owned, at least `kda_fixed_workspace_len`
-/// elements. Results are bitwise the same on every target.
+/// elements. Results are bitwise the same on every target. A writable buffer overlapping the
+/// parameter buffer is `KDA_STATUS_OVERLAP`; one overlapping the int8 weight data is not
+/// detected on this path (the handle does not keep their addresses): don't.
 ///
 /// # Safety
 /// `layer`: an initialised handle; `tokens`, `caches`: valid structs whose pointers hold as

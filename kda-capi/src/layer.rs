@@ -214,7 +214,7 @@ pub(crate) unsafe fn layer_of<'a>(layer: *const KdaLayer) -> Res<&'a kda_core::K
 }
 
 /// Checks that no writable buffer registered in `b` overlaps the layer's weight data.
-fn check_weights(b: &Buffers, w: &kda_core::KdaWeights<'_>) -> Res {
+pub(crate) fn check_weights(b: &Buffers, w: &kda_core::KdaWeights<'_>) -> Res {
     let data = |b: &Buffers, d: Data<'_>| match d {
         Data::F32(s) => b.check_not_written(s),
         Data::Bf16(s) => b.check_not_written(s),

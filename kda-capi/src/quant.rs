@@ -90,6 +90,7 @@ pub unsafe extern "C" fn kda_quantize_layer(
         let mut b = Buffers::new();
         let q: &'static mut [i8] = unsafe { b.slice_mut(qb.data, qb.data_len) }?;
         let s: &'static mut [f32] = unsafe { b.slice_mut(qb.scales, qb.scales_len) }?;
+        crate::layer::check_weights(&b, &w)?;
         let r = kda_core::quantize_layer(&c, &w, q, s, qb.conv != 0)?;
         let [decay_proj, decay_up] = gate(&r.decay_proj);
         let [gate_proj, gate_up] = gate(&r.output_gate);
