@@ -159,7 +159,10 @@ macro_rules! rows_dispatch {
 /// of threads, agree exactly.
 ///
 /// Packs `W[r][k]` for `k0 ≤ k < k1` as `panel[(k − k0)·16 + r]`, widened to f32 (rows past the
-/// tile's last repeat it). A slice too short for the shape (a bug) is an [`KdaError::Internal`] error, with nothing done.
+/// tile's last repeat it). A slice too short for the shape (a bug) is an
+/// [`KdaError::Internal`] error, with nothing done.
+// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
+#[allow(clippy::redundant_closure_call)]
 pub fn pack_panel(
     isa: Isa,
     ws: Rows<'_, '_>,
@@ -226,6 +229,8 @@ fn panel_args_ok(xs: &[&[f32]], k0: usize, k1: usize, panel_len: usize, acc_len:
 
 /// Continues `acc[t·32 + r]` over `k0..k1` straight from up to [`DIRECT`] weight rows (the
 /// same sums as [`pack_panel`] + [`panel_fma`]). A slice too short (a bug) is an [`KdaError::Internal`] error.
+// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
+#[allow(clippy::redundant_closure_call)]
 pub fn rows_fma(
     isa: Isa,
     xs: &[&[f32]],
@@ -380,6 +385,8 @@ pub fn exp_in_place(isa: Isa, x: &mut [f32]) {
 // BLAS-style: the shape (m, n, k) and three matrices with their leading dimensions.
 #[allow(clippy::too_many_arguments)]
 #[inline]
+// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
+#[allow(clippy::redundant_closure_call)]
 pub fn gemm_acc(
     isa: Isa,
     m: usize,
@@ -412,7 +419,10 @@ pub fn gemm_acc(
 }
 
 /// `dst[c·ldd + r] = src[r·lds + c]` for an `rows × cols` block (out-of-place transpose).
-/// A slice too short for the shape (a bug) is an [`KdaError::Internal`] error, with nothing done.
+/// A slice too short for the shape (a bug) is an [`KdaError::Internal`] error, with nothing
+/// done.
+// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
+#[allow(clippy::redundant_closure_call)]
 pub fn transpose(
     isa: Isa,
     rows: usize,
