@@ -18,8 +18,10 @@ class KdaCache:
     prefix), :meth:`save` / :meth:`KdaLayer.load_cache` store and restore it.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, heads: int, head_dim: int) -> None:
         self._inner = inner
+        self._heads = heads
+        self._head_dim = head_dim
 
     @property
     def sequences(self) -> int:
@@ -28,7 +30,7 @@ class KdaCache:
 
     def clone(self) -> "KdaCache":
         """An independent copy."""
-        return KdaCache(self._inner.clone())
+        return KdaCache(self._inner.clone(), self._heads, self._head_dim)
 
     def reset(self) -> None:
         """Zeroes every state (every sequence starts over)."""
@@ -46,7 +48,8 @@ class KdaCache:
         """The recurrent states as a float32 numpy array ``[N, H, K, V]`` (K-first; a copy)."""
         import numpy as np
 
-        return np.frombuffer(self._inner.recurrent_state_bytes(), dtype="<f4").copy()
+        flat = np.frombuffer(self._inner.recurrent_state_bytes(), dtype="<f4").copy()
+        return flat.reshape(self.sequences, self._heads, self._head_dim, self._head_dim)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KdaCache) and self._inner == other._inner
@@ -100,15 +103,18 @@ class KdaLayer:
 
     def new_cache(self, sequences: int = 1) -> KdaCache:
         """A zeroed cache for ``sequences`` sequences."""
-        return KdaCache(self._inner.new_cache(int(sequences)))
+        return self._wrap(self._inner.new_cache(int(sequences)))
 
     def load_cache(self, path: PathLike) -> KdaCache:
         """Restores a cache written by :meth:`KdaCache.save`."""
-        return KdaCache(self._inner.load_cache(os.fspath(path)))
+        return self._wrap(self._inner.load_cache(os.fspath(path)))
 
     def cache_from_bytes(self, data: bytes) -> KdaCache:
         """Restores a cache from :meth:`KdaCache.to_bytes`."""
-        return KdaCache(self._inner.cache_from_bytes(bytes(data)))
+        return self._wrap(self._inner.cache_from_bytes(bytes(data)))
+
+    def _wrap(self, inner: Any) -> KdaCache:
+        return KdaCache(inner, self.heads, self.head_dim)
 
     def _check_cache(self, cache: Any) -> Any:
         if not isinstance(cache, KdaCache):
