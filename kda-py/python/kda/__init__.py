@@ -13,6 +13,7 @@ Importing kda imports neither torch nor numpy; a call imports what its arguments
 
 from ._core import get_num_threads, set_num_threads
 from ._ops import chunk_kda, fused_recurrent_kda, last_compute_seconds
+from . import integrations
 from .layer import KdaCache, KdaLayer
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "last_compute_seconds",
+    "integrations",
 ]

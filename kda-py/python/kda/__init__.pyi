@@ -3,6 +3,8 @@
 import os
 from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
 
+from . import integrations as integrations
+
 Array = TypeVar("Array")  # a torch.Tensor or a numpy.ndarray; results are of the same kind
 PathLike = Union[str, "os.PathLike[str]"]
 
