@@ -50,12 +50,12 @@ def shape_of(x: Any, name: str) -> Tuple[int, ...]:
 def as_f32(x: Any, name: str):
     """A C-contiguous, aligned float32 numpy array with the data of ``x`` (no copy when ``x``
     already is one, or is a contiguous float32 CPU tensor)."""
-    np = _np()
-    if _is_torch(x):
-        import torch
-
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        # Fast path (the decode step calls this for every argument): a contiguous float32
+        # CPU tensor without autograd history is viewed as is.
+        if x.dtype is torch.float32 and not x.requires_grad and x.is_contiguous() and x.device.type == "cpu":
+            return x.numpy()
         if x.device.type != "cpu":
             raise ValueError(f"{name}: expected a CPU tensor, got device {x.device}")
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
@@ -66,6 +66,7 @@ def as_f32(x: Any, name: str):
         if not x.is_contiguous():
             x = x.contiguous()
         return x.numpy()
+    np = _np()
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
     if x.dtype.kind != "f":
