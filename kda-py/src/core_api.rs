@@ -23,6 +23,9 @@ fn msg(e: impl std::fmt::Display) -> String {
 /// The ε inside the square root of fla's q/k L2 norm.
 pub const L2_EPS: f32 = 1e-6;
 
+/// The chunk size the core runs fastest with.
+pub const DEFAULT_CHUNK: usize = kda_core::DEFAULT_CHUNK;
+
 /// The largest chunk size of the chunked kernel.
 pub const MAX_CHUNK: usize = chunked::MAX_CHUNK;
 

@@ -78,11 +78,13 @@ fn gate_form(gate: &str, lower_bound: Option<f32>) -> PyResult<Option<GateForm>>
 /// `kda.fused_recurrent_kda`; call those). All arrays are C-contiguous float32 numpy arrays:
 /// `q`, `k` `[T, H, K]`, `v` `[T, HV, V]`, `g` `[T, HV, K]`, `beta` `[T, HV, 1]`, `a_log`
 /// `[HV]`, `dt_bias` `[HV*K]`, states `[N, HV, K, V]` (`[N, HV, V, K]` with `v_first`), `o`
-/// `[T, HV, V]` written. Returns the nanoseconds spent computing (GIL released).
+/// `[T, HV, V]` written; `chunked` picks the chunked form (the core's default chunk size, the
+/// fastest: the chunk grid changes only rounding) over the token-by-token recurrence. Returns the
+/// nanoseconds spent computing (GIL released).
 #[pyfunction]
 #[pyo3(signature = (q, k, v, g, beta, o, cu_seqlens, scale, *, a_log=None, dt_bias=None,
     initial_state=None, final_state=None, l2norm=false, gate="none", lower_bound=None,
-    beta_factor=None, chunk=None, v_first=false, threads=None))]
+    beta_factor=None, chunked=false, v_first=false, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn delta_rule(
     py: Python<'_>,
@@ -102,7 +104,7 @@ fn delta_rule(
     gate: &str,
     lower_bound: Option<f32>,
     beta_factor: Option<f32>,
-    chunk: Option<usize>,
+    chunked: bool,
     v_first: bool,
     threads: Option<usize>,
 ) -> PyResult<u64> {
@@ -130,7 +132,7 @@ fn delta_rule(
         l2norm,
         gate: gate_form(gate, lower_bound)?,
         beta_sigmoid: beta_factor,
-        chunk,
+        chunk: chunked.then_some(core_api::DEFAULT_CHUNK),
         v_first,
     };
     let reads = [&q, &k, &v, &g, &beta];

@@ -23,7 +23,7 @@ def delta_rule(
     gate: str = "none",
     lower_bound: Optional[float] = None,
     beta_factor: Optional[float] = None,
-    chunk: Optional[int] = None,
+    chunked: bool = False,
     v_first: bool = False,
     threads: Optional[int] = None,
 ) -> int: ...

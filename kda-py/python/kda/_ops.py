@@ -101,7 +101,7 @@ def _state_v_first(state_v_first, kwargs):
 
 def _run(
     q, k, v, g, beta, *, scale, initial_state, output_final_state, l2norm, gate_in_kernel, beta_sigmoid,
-    allow_neg_eigval, lower_bound, A_log, dt_bias, cu_seqlens, v_first, chunk, threads, out_dtype_of,
+    allow_neg_eigval, lower_bound, A_log, dt_bias, cu_seqlens, v_first, chunked, threads, out_dtype_of,
     h0_f32_only, softplus_default_a,
 ):
     global _last_compute_ns
@@ -135,7 +135,7 @@ def _run(
         qa, ka, va, ga, ba, o.reshape(B * T, HV, V), cu, float(scale),
         a_log=a, dt_bias=b, initial_state=h0, final_state=ht, l2norm=bool(l2norm), gate=gate,
         lower_bound=lb, beta_factor=(2.0 if allow_neg_eigval else 1.0) if beta_sigmoid else None,
-        chunk=chunk, v_first=bool(v_first), threads=threads,
+        chunked=chunked, v_first=bool(v_first), threads=threads,
     )
     like = out_dtype_of
     o_out = cv.output(o, like, cv.dtype_name(like))
@@ -185,6 +185,9 @@ def chunk_kda(
     kind. Contiguous float32 inputs are read in place (no copy); the GIL is released while
     computing; ``threads`` (default: ``kda.set_num_threads``) sets the thread count.
 
+    ``chunk_size`` (32 or 64, checked as fla does) is fla's GPU tiling: kda always runs the
+    chunked form with the core's fastest chunk size, which changes only rounding.
+
     Not supported (raise ``NotImplementedError``): ``return_intermediate_states``,
     ``cp_context``, ``use_graph``. ``disable_recompute`` and ``safe_gate`` only matter to fla's
     GPU kernels and training; they are accepted (``safe_gate`` is validated as fla does).
@@ -210,7 +213,7 @@ def chunk_kda(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         l2norm=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, A_log=A_log, dt_bias=dt_bias,
-        cu_seqlens=cu_seqlens, v_first=state_v_first, chunk=chunk_size, threads=threads, out_dtype_of=q,
+        cu_seqlens=cu_seqlens, v_first=state_v_first, chunked=True, threads=threads, out_dtype_of=q,
         h0_f32_only=True, softplus_default_a=None,
     )
 
@@ -258,7 +261,7 @@ def fused_recurrent_kda(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         l2norm=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, A_log=A_log, dt_bias=dt_bias,
-        cu_seqlens=cu_seqlens, v_first=state_v_first, chunk=None, threads=threads, out_dtype_of=v,
+        cu_seqlens=cu_seqlens, v_first=state_v_first, chunked=False, threads=threads, out_dtype_of=v,
         h0_f32_only=False, softplus_default_a=_fla_default_a,
     )
 
