@@ -6,6 +6,7 @@
 //! borrow the Python objects, which the caller keeps alive for the whole call.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 
 /// One float32 array seen through its array interface.
@@ -23,30 +24,33 @@ pub struct F32Array {
 impl F32Array {
     /// Reads `obj.__array_interface__`; `name` is the argument's name for messages.
     pub fn new(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
-        let iface = obj.getattr("__array_interface__").map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{name}: expected a numpy array (an object with __array_interface__), got {}",
-                obj.get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))
-        })?;
-        let typestr: String = iface.get_item("typestr")?.extract()?;
+        let py = obj.py();
+        let iface = obj
+            .getattr(intern!(py, "__array_interface__"))
+            .map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "{name}: expected a numpy array (an object with __array_interface__), got {}",
+                    obj.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            })?;
+        let typestr: String = iface.get_item(intern!(py, "typestr"))?.extract()?;
         if typestr != "<f4" {
             return Err(PyTypeError::new_err(format!(
                 "{name}: expected float32 ('<f4'), got '{typestr}'"
             )));
         }
-        if let Ok(strides) = iface.get_item("strides") {
+        if let Ok(strides) = iface.get_item(intern!(py, "strides")) {
             if !strides.is_none() {
                 return Err(PyValueError::new_err(format!(
                     "{name}: expected a C-contiguous array"
                 )));
             }
         }
-        let shape: Vec<usize> = iface.get_item("shape")?.extract()?;
-        let (addr, readonly): (usize, bool) = iface.get_item("data")?.extract()?;
+        let shape: Vec<usize> = iface.get_item(intern!(py, "shape"))?.extract()?;
+        let (addr, readonly): (usize, bool) = iface.get_item(intern!(py, "data"))?.extract()?;
         let len = shape
             .iter()
             .try_fold(1usize, |a, &b| a.checked_mul(b))

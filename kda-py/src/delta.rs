@@ -73,12 +73,6 @@ pub struct Outputs<'a> {
     pub final_state: Option<&'a mut [f32]>,
 }
 
-/// What one task produced: the outputs `[T_n, V]` and the state `[K, V]`.
-struct TaskOut {
-    o: Vec<f32>,
-    state: Vec<f32>,
-}
-
 fn check(name: &str, len: usize, want: usize) -> CoreResult<()> {
     if len == want {
         Ok(())
@@ -159,19 +153,48 @@ fn gather(src: &[f32], t0: usize, t1: usize, heads: usize, h: usize, dim: usize)
     out
 }
 
-/// `[a, b]` → `[b, a]`.
-fn transpose(src: &[f32], a: usize, b: usize) -> Vec<f32> {
-    let mut out = vec![0.0; a * b];
+/// `[a, b]` → `[b, a]` into `out`.
+fn transpose_into(src: &[f32], a: usize, b: usize, out: &mut [f32]) {
     for i in 0..a {
         for j in 0..b {
             out[j * a + i] = src[i * b + j];
         }
     }
+}
+
+#[cfg(test)]
+fn transpose(src: &[f32], a: usize, b: usize) -> Vec<f32> {
+    let mut out = vec![0.0; a * b];
+    transpose_into(src, a, b, &mut out);
     out
 }
 
-/// Runs one (sequence, value head) task.
-fn task(d: &Dims, x: &Inputs<'_>, f: &Flags, n: usize, hv: usize) -> CoreResult<TaskOut> {
+/// Writes task `(n, hv)`'s initial state, K-first, into `state` `[K, V]`.
+fn initial_state(d: &Dims, x: &Inputs<'_>, f: &Flags, n: usize, hv: usize, state: &mut [f32]) {
+    let kv = d.k * d.v;
+    match x.initial_state {
+        Some(s) => {
+            let s = &s[(n * d.v_heads + hv) * kv..][..kv];
+            if f.v_first {
+                transpose_into(s, d.v, d.k, state);
+            } else {
+                state.copy_from_slice(s);
+            }
+        }
+        None => state.fill(0.0),
+    }
+}
+
+/// Runs one (sequence, value head) task on `state` `[K, V]` (K-first, initial state in, final
+/// state out); returns the outputs `[T_n, V]`.
+fn task(
+    d: &Dims,
+    x: &Inputs<'_>,
+    f: &Flags,
+    n: usize,
+    hv: usize,
+    state: &mut [f32],
+) -> CoreResult<Vec<f32>> {
     let (t0, t1) = (x.cu_seqlens[n], x.cu_seqlens[n + 1]);
     let h = hv / (d.v_heads / d.heads);
     let mut q = gather(x.q, t0, t1, d.heads, h, d.k);
@@ -192,35 +215,45 @@ fn task(d: &Dims, x: &Inputs<'_>, f: &Flags, n: usize, hv: usize) -> CoreResult<
         beta.iter_mut().for_each(|b| *b *= factor);
     }
     let mut o = gather(x.v, t0, t1, d.v_heads, hv, d.v);
-    let kv = d.k * d.v;
-    let mut state = match x.initial_state {
-        Some(s) => {
-            let s = &s[(n * d.v_heads + hv) * kv..][..kv];
-            if f.v_first {
-                transpose(s, d.v, d.k)
-            } else {
-                s.to_vec()
-            }
-        }
-        None => vec![0.0; kv],
-    };
+    initial_state(d, x, f, n, hv, state);
     let t = HeadTask {
         q: &q,
         k: &k,
         v_o: &mut o,
         g: &g,
         beta: &beta,
-        state: &mut state,
+        state,
     };
     let isa = core_api::isa();
     match f.chunk {
         Some(c) => core_api::chunked_head(isa, t, f.scale, c)?,
         None => core_api::recurrent_head(isa, t, f.scale)?,
     }
-    if f.v_first {
-        state = transpose(&state, d.k, d.v);
+    Ok(o)
+}
+
+/// Task `i` with its final state written to `dst` (its `[K, V]` or `[V, K]` slot of the
+/// caller's final state), or dropped.
+fn task_into(
+    d: &Dims,
+    x: &Inputs<'_>,
+    f: &Flags,
+    i: usize,
+    dst: Option<&mut [f32]>,
+) -> CoreResult<Vec<f32>> {
+    let (n, hv) = (i / d.v_heads, i % d.v_heads);
+    match dst {
+        // K-first output: run in place in the caller's buffer (no extra copy of the state).
+        Some(dst) if !f.v_first => task(d, x, f, n, hv, dst),
+        dst => {
+            let mut state = vec![0.0; d.k * d.v];
+            let o = task(d, x, f, n, hv, &mut state)?;
+            if let Some(dst) = dst {
+                transpose_into(&state, d.k, d.v, dst);
+            }
+            Ok(o)
+        }
     }
-    Ok(TaskOut { o, state })
 }
 
 /// Runs the whole call on the current rayon pool (serially with `threads == 1`).
@@ -233,27 +266,33 @@ pub fn run(
 ) -> CoreResult<()> {
     let n = validate(d, x, &out, f)?;
     let tasks = n * d.v_heads;
-    let one = |i: usize| task(d, x, f, i / d.v_heads, i % d.v_heads);
-    let results: Vec<TaskOut> = if threads <= 1 || tasks <= 1 {
-        (0..tasks).map(one).collect::<CoreResult<_>>()?
-    } else {
-        (0..tasks)
-            .into_par_iter()
-            .map(one)
-            .collect::<CoreResult<_>>()?
-    };
     let kv = d.k * d.v;
-    for (i, r) in results.iter().enumerate() {
+    let serial = threads <= 1 || tasks <= 1;
+    let outs: Vec<Vec<f32>> = match out.final_state {
+        Some(fs) if serial => fs
+            .chunks_exact_mut(kv)
+            .enumerate()
+            .map(|(i, c)| task_into(d, x, f, i, Some(c)))
+            .collect::<CoreResult<_>>()?,
+        Some(fs) => fs
+            .par_chunks_exact_mut(kv)
+            .enumerate()
+            .map(|(i, c)| task_into(d, x, f, i, Some(c)))
+            .collect::<CoreResult<_>>()?,
+        None if serial => (0..tasks)
+            .map(|i| task_into(d, x, f, i, None))
+            .collect::<CoreResult<_>>()?,
+        None => (0..tasks)
+            .into_par_iter()
+            .map(|i| task_into(d, x, f, i, None))
+            .collect::<CoreResult<_>>()?,
+    };
+    for (i, o) in outs.iter().enumerate() {
         let (seq, hv) = (i / d.v_heads, i % d.v_heads);
         let t0 = x.cu_seqlens[seq];
-        for (j, row) in r.o.chunks_exact(d.v).enumerate() {
+        for (j, row) in o.chunks_exact(d.v).enumerate() {
             let at = ((t0 + j) * d.v_heads + hv) * d.v;
             out.o[at..at + d.v].copy_from_slice(row);
-        }
-    }
-    if let Some(fs) = out.final_state {
-        for (dst, r) in fs.chunks_exact_mut(kv).zip(&results) {
-            dst.copy_from_slice(&r.state);
         }
     }
     Ok(())
