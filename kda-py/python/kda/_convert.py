@@ -14,7 +14,8 @@ _FLOAT_NAMES = ("float32", "bfloat16", "float16", "float64")
 
 
 def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and "torch" in sys.modules
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def kind_of(x: Any) -> str:

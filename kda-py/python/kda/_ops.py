@@ -12,9 +12,9 @@ from . import _core
 _last_compute_ns = 0
 
 
-def _shapes(q, k, v, g, beta) -> Tuple[int, int, int, int, int, int]:
-    """B, T, H, K, HV, V from fla's ``[B, T, H, K]`` / ``[B, T, HV, V]`` layouts, checked."""
-    qs, ks, vs, gs, bs = (cv.shape_of(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")))
+def _shapes(qs, ks, vs, gs, bs) -> Tuple[int, int, int, int, int, int]:
+    """B, T, H, K, HV, V from the shapes of q, k, v, g, beta in fla's ``[B, T, H, K]`` /
+    ``[B, T, HV, V]`` layouts, checked."""
     if len(qs) != 4:
         raise ValueError(f"q: expected shape [B, T, H, K], got {list(qs)}")
     B, T, H, K = qs
@@ -105,7 +105,9 @@ def _run(
     h0_f32_only, softplus_default_a,
 ):
     global _last_compute_ns
-    B, T, H, K, HV, V = _shapes(q, k, v, g, beta)
+    # Converted first (a view for contiguous float32), then checked: one pass over each argument.
+    qa, ka, va, ga, ba = (cv.as_f32(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")))
+    B, T, H, K, HV, V = _shapes(qa.shape, ka.shape, va.shape, ga.shape, ba.shape)
     if cu_seqlens is not None and B != 1:
         raise ValueError(
             f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`."
@@ -124,11 +126,8 @@ def _run(
     h0 = _state_in(initial_state, N, HV, K, V, v_first, h0_f32_only)
     if scale is None:
         scale = K ** -0.5
-    qa = cv.as_f32(q, "q").reshape(B * T, H, K)
-    ka = cv.as_f32(k, "k").reshape(B * T, H, K)
-    va = cv.as_f32(v, "v").reshape(B * T, HV, V)
-    ga = cv.as_f32(g, "g").reshape(B * T, HV, K)
-    ba = cv.as_f32(beta, "beta").reshape(B * T, HV, 1)
+    qa, ka = qa.reshape(B * T, H, K), ka.reshape(B * T, H, K)
+    va, ga, ba = va.reshape(B * T, HV, V), ga.reshape(B * T, HV, K), ba.reshape(B * T, HV, 1)
     o = cv.new_f32((B, T, HV, V))
     ht = cv.new_f32((N, HV, V, K) if v_first else (N, HV, K, V)) if output_final_state else None
     _last_compute_ns = _core.delta_rule(
