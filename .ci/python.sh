@@ -32,6 +32,8 @@ if [ ! -f "$VENV/.complete" ]; then
     "$VENV/bin/python" -m pip install --quiet --no-deps -r kda-py/requirements-fla.txt
     touch "$VENV/.complete"
     echo "venv ready in $(($(date +%s) - start)) s"
+    # Venvs of older pins are ~6 GB each: keep only this one.
+    find "$CACHE" -maxdepth 1 -name 'venv-*' ! -name "venv-$key" -exec rm -rf {} +
 fi
 
 export PATH="$VENV/bin:$PATH"  # maturin, called by pip as the build backend

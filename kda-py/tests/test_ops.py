@@ -328,3 +328,14 @@ def test_extension_rejects_unsafe_arrays():
         _core.delta_rule(q, q, v, q, beta, o, [0, 3], 1.0)
     with pytest.raises(TypeError, match="q: expected a numpy array"):
         _core.delta_rule([1.0], q, v, q, beta, o, [0, 4], 1.0)
+
+
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+def test_lower_bound_gate_without_a_log(fn):
+    """With lower_bound and no A_log the gate is lower_bound * sigmoid(g + dt_bias)."""
+    x = make_inputs(23, 40, 2, 2, 64, 64, 1, True, "lower_bound", False, False)
+    x["g_ref"] = naive_kda_lowerbound_gate(x["g"], None, x["dt_bias"], lower_bound=-3.0)
+    want_o, want_s = reference(x, [0, 40], False)
+    o, s = FUNCS[fn](x["q"], x["k"], x["v"], x["g"], x["beta"], dt_bias=x["dt_bias"], initial_state=x["h0"],
+                     output_final_state=True, use_gate_in_kernel=True, lower_bound=-3.0)
+    assert rel_rms(o, want_o) <= F32_TOL and rel_rms(s, want_s) <= F32_TOL
