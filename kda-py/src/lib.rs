@@ -169,7 +169,13 @@ fn delta_rule(
             .map(|h| h.as_mut_slice("final_state"))
             .transpose()?,
     };
-    let threads = threads::resolve(threads)?;
+    let tasks = cu_seqlens.len().saturating_sub(1).saturating_mul(v_heads);
+    // One task: run it on this thread rather than hand it to the pool.
+    let threads = if tasks <= 1 {
+        1
+    } else {
+        threads::resolve(threads)?
+    };
     py.detach(|| {
         no_panic(|| {
             let t0 = std::time::Instant::now();

@@ -15,8 +15,10 @@ static POOLS: Mutex<Vec<(usize, Arc<ThreadPool>)>> = Mutex::new(Vec::new());
 /// The most threads a call may ask for.
 const MAX_THREADS: usize = 1024;
 
+/// CPUs available to the process, read once (the query reads cgroup files).
 fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn check(n: usize) -> PyResult<usize> {
