@@ -1,0 +1,198 @@
+//! # kda-py
+//!
+//! The native part (`kda._core`) of the Python package `kda`: fla-compatible `chunk_kda` /
+//! `fused_recurrent_kda` kernels and the KDA layer over kda-host. The Python package
+//! (`python/kda`) checks arguments, converts torch tensors and numpy arrays to contiguous
+//! float32 arrays (without a copy when they already are) and calls the functions here, which
+//! read the arrays in place, release the GIL and compute on a rayon pool.
+//!
+//! Every call into kda-core / kda-host goes through [`core_api`].
+#![deny(missing_docs)]
+
+pub mod array;
+pub mod core_api;
+pub mod delta;
+pub mod layer;
+pub mod threads;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use array::F32Array;
+use core_api::GateForm;
+use delta::{Dims, Flags, Inputs, Outputs};
+
+/// Runs `f`, turning a panic into a `RuntimeError` (no Rust panic reaches Python).
+pub(crate) fn no_panic<T>(f: impl FnOnce() -> Result<T, String>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(PyValueError::new_err(e)),
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(PyRuntimeError::new_err(format!(
+                "internal error in kda (please report): {what}"
+            )))
+        }
+    }
+}
+
+fn dim3(a: &F32Array, name: &str) -> PyResult<[usize; 3]> {
+    match a.shape[..] {
+        [t, h, d] => Ok([t, h, d]),
+        _ => Err(PyValueError::new_err(format!(
+            "{name}: expected 3 dimensions [T, H, D], got shape {:?}",
+            a.shape
+        ))),
+    }
+}
+
+fn opt_array(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<F32Array>> {
+    obj.filter(|o| !o.is_none())
+        .map(|o| F32Array::new(o, name))
+        .transpose()
+}
+
+fn gate_form(gate: &str, lower_bound: Option<f32>) -> PyResult<Option<GateForm>> {
+    match (gate, lower_bound) {
+        ("none", _) => Ok(None),
+        ("softplus", _) => Ok(Some(GateForm::Softplus)),
+        ("lower_bound", Some(lb)) if lb.is_finite() && lb < 0.0 => {
+            Ok(Some(GateForm::LowerBound(lb)))
+        }
+        ("lower_bound", lb) => Err(PyValueError::new_err(format!(
+            "lower_bound: expected a finite negative number, got {lb:?}"
+        ))),
+        (other, _) => Err(PyValueError::new_err(format!(
+            "gate: expected 'none', 'softplus' or 'lower_bound', got '{other}'"
+        ))),
+    }
+}
+
+/// The delta rule over packed sequences (the engine of `kda.chunk_kda` and
+/// `kda.fused_recurrent_kda`; call those). All arrays are C-contiguous float32 numpy arrays:
+/// `q`, `k` `[T, H, K]`, `v` `[T, HV, V]`, `g` `[T, HV, K]`, `beta` `[T, HV, 1]`, `a_log`
+/// `[HV]`, `dt_bias` `[HV*K]`, states `[N, HV, K, V]` (`[N, HV, V, K]` with `v_first`), `o`
+/// `[T, HV, V]` written; `chunked` picks the chunked form (the core's default chunk size, the
+/// fastest: the chunk grid changes only rounding) over the token-by-token recurrence. Returns the
+/// nanoseconds spent computing (GIL released).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, g, beta, o, cu_seqlens, scale, *, a_log=None, dt_bias=None,
+    initial_state=None, final_state=None, l2norm=false, gate="none", lower_bound=None,
+    beta_factor=None, chunked=false, v_first=false, threads=None))]
+#[allow(clippy::too_many_arguments)]
+fn delta_rule(
+    py: Python<'_>,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    g: &Bound<'_, PyAny>,
+    beta: &Bound<'_, PyAny>,
+    o: &Bound<'_, PyAny>,
+    cu_seqlens: Vec<usize>,
+    scale: f32,
+    a_log: Option<&Bound<'_, PyAny>>,
+    dt_bias: Option<&Bound<'_, PyAny>>,
+    initial_state: Option<&Bound<'_, PyAny>>,
+    final_state: Option<&Bound<'_, PyAny>>,
+    l2norm: bool,
+    gate: &str,
+    lower_bound: Option<f32>,
+    beta_factor: Option<f32>,
+    chunked: bool,
+    v_first: bool,
+    threads: Option<usize>,
+) -> PyResult<u64> {
+    let q = F32Array::new(q, "q")?;
+    let k = F32Array::new(k, "k")?;
+    let v = F32Array::new(v, "v")?;
+    let g = F32Array::new(g, "g")?;
+    let beta = F32Array::new(beta, "beta")?;
+    let a_log = opt_array(a_log, "A_log")?;
+    let dt_bias = opt_array(dt_bias, "dt_bias")?;
+    let h0 = opt_array(initial_state, "initial_state")?;
+    let o = F32Array::new(o, "o")?;
+    let ht = opt_array(final_state, "final_state")?;
+    let [tokens, heads, kd] = dim3(&q, "q")?;
+    let [_, v_heads, vd] = dim3(&v, "v")?;
+    let dims = Dims {
+        tokens,
+        heads,
+        v_heads,
+        k: kd,
+        v: vd,
+    };
+    let flags = Flags {
+        scale,
+        l2norm,
+        gate: gate_form(gate, lower_bound)?,
+        beta_sigmoid: beta_factor,
+        chunk: chunked.then_some(core_api::DEFAULT_CHUNK),
+        v_first,
+    };
+    let reads = [&q, &k, &v, &g, &beta];
+    let opt_reads = [&a_log, &dt_bias, &h0];
+    let all_reads = reads
+        .into_iter()
+        .chain(opt_reads.into_iter().flatten())
+        .collect::<Vec<_>>();
+    for (w, wname) in [(Some(&o), "o"), (ht.as_ref(), "final_state")] {
+        let Some(w) = w else { continue };
+        if all_reads.iter().any(|r| r.overlaps(w))
+            || (wname == "o" && ht.as_ref().is_some_and(|h| h.overlaps(w)))
+        {
+            return Err(PyValueError::new_err(format!(
+                "{wname}: must not share memory with an input"
+            )));
+        }
+    }
+    let x = Inputs {
+        q: q.as_slice(),
+        k: k.as_slice(),
+        v: v.as_slice(),
+        g: g.as_slice(),
+        beta: beta.as_slice(),
+        a_log: a_log.as_ref().map(F32Array::as_slice),
+        dt_bias: dt_bias.as_ref().map(F32Array::as_slice),
+        initial_state: h0.as_ref().map(F32Array::as_slice),
+        cu_seqlens: &cu_seqlens,
+    };
+    let out = Outputs {
+        o: o.as_mut_slice("o")?,
+        final_state: ht
+            .as_ref()
+            .map(|h| h.as_mut_slice("final_state"))
+            .transpose()?,
+    };
+    let tasks = cu_seqlens.len().saturating_sub(1).saturating_mul(v_heads);
+    // One task: run it on this thread rather than hand it to the pool.
+    let threads = if tasks <= 1 {
+        1
+    } else {
+        threads::resolve(threads)?
+    };
+    py.detach(|| {
+        no_panic(|| {
+            let t0 = std::time::Instant::now();
+            threads::install(threads, || delta::run(&dims, &x, &flags, out, threads))?;
+            Ok(t0.elapsed().as_nanos() as u64)
+        })
+    })
+}
+
+/// The native module `kda._core`.
+#[pymodule]
+#[pyo3(name = "_core")]
+fn kda_core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(delta_rule, m)?)?;
+    m.add_function(wrap_pyfunction!(threads::set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(threads::get_num_threads, m)?)?;
+    m.add_class::<layer::KdaLayer>()?;
+    m.add_class::<layer::KdaCache>()?;
+    Ok(())
+}

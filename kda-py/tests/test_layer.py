@@ -1,0 +1,135 @@
+"""kda.KdaLayer against the fla layer fixtures (tests/fixtures, fla-core 0.6.0 + Kimi Linear's
+HF layer glue), and its caches: clone, save / restore, decode after prefill."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+from safetensors.torch import load_file
+
+import kda
+from conftest import rel_rms
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+LAYER_FILES = sorted(p.name for p in FIXTURES.glob("layer_*.safetensors"))
+TOL = 1e-5
+
+
+def read_fixture(name):
+    from safetensors import safe_open
+
+    with safe_open(FIXTURES / name, framework="pt") as f:
+        meta = f.metadata()
+    return load_file(FIXTURES / name), meta
+
+
+def write_checkpoint(tensors, meta, folder: Path):
+    """The fixture's weights as a one-layer Kimi Linear / K3-style checkpoint folder."""
+    lin = {
+        "num_heads": int(meta["heads"]),
+        "head_dim": int(meta["head_dim"]),
+        "short_conv_kernel_size": int(meta["conv_width"]),
+        "kda_layers": [1],
+        "full_attn_layers": [],
+        "use_full_rank_gate": meta["output_gate"] == "full_rank",
+    }
+    if meta["decay_gate"] == "lower_bound":
+        lin["gate_lower_bound"] = float(meta["lower_bound"])
+    cfg = {"model_type": "kimi_linear", "hidden_size": int(meta["hidden"]), "num_hidden_layers": 1,
+           "rms_norm_eps": float(meta["rms_eps"]), "linear_attn_config": lin}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    skip = ("hidden_states", "cu_seqlens", "initial_", "output", "final_", "inter.")
+    weights = {f"model.layers.0.self_attn.{n}": t.contiguous() for n, t in tensors.items() if not n.startswith(skip)}
+    from safetensors.torch import save_file as save_torch
+
+    save_torch(weights, str(folder / "model.safetensors"))
+    return folder
+
+
+def write_cache(tensors, n, path: Path):
+    """The fixture's initial states in kda's model-cache file format."""
+    names = {"recurrent_state": "initial_recurrent_state", "conv_state_q": "initial_conv_state_q",
+             "conv_state_k": "initial_conv_state_k", "conv_state_v": "initial_conv_state_v"}
+    save_file({f"layers.0.{k}": tensors[v].float().numpy() for k, v in names.items()}, str(path),
+              metadata={"format": "kda-model-cache", "sequences": str(n)})
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.mark.parametrize("name", LAYER_FILES)
+def test_layer_matches_fla_fixture(name, ckpt_dir):
+    t, meta = read_fixture(name)
+    layer = kda.KdaLayer.from_pretrained(write_checkpoint(t, meta, ckpt_dir / name), layer=0)
+    assert (layer.hidden, layer.heads, layer.head_dim) == (int(meta["hidden"]), int(meta["heads"]), int(meta["head_dim"]))
+    cu = t["cu_seqlens"].tolist()
+    n = len(cu) - 1
+    if "initial_recurrent_state" in t:
+        write_cache(t, n, ckpt_dir / f"{name}.cache")
+        cache = layer.load_cache(ckpt_dir / f"{name}.cache")
+    else:
+        cache = layer.new_cache(n)
+    y = layer.prefill(t["hidden_states"], cache, cu_seqlens=cu)
+    assert y.dtype == torch.float32 and y.shape == t["output"].shape
+    assert rel_rms(y, t["output"]) <= TOL
+    got = cache.recurrent_state()
+    assert rel_rms(got, t["final_recurrent_state"]) <= TOL
+    cache.save(ckpt_dir / f"{name}.out")
+    saved = load_file(ckpt_dir / f"{name}.out")
+    for s in "qkv":
+        want = t[f"final_conv_state_{s}"]
+        assert rel_rms(saved[f"layers.0.conv_state_{s}"], want) <= TOL if want.numel() else True
+
+
+def _fixture_layer(ckpt_dir, name="layer_sp_lr_f32_k16_h3_t37.safetensors"):
+    t, meta = read_fixture(name)
+    return kda.KdaLayer.from_pretrained(write_checkpoint(t, meta, ckpt_dir / ("dec_" + name)), 0), t
+
+
+def test_decode_continues_prefill_and_caches_fork(ckpt_dir, tmp_path):
+    layer, t = _fixture_layer(ckpt_dir)
+    x = t["hidden_states"].numpy()
+    full = layer.prefill(x, layer.new_cache(1))
+    assert isinstance(full, np.ndarray)
+    cache = layer.new_cache(1)
+    layer.prefill(x[:-3], cache)
+    fork = cache.clone()
+    restored = layer.cache_from_bytes(cache.to_bytes())
+    assert restored == cache
+    cache.save(tmp_path / "c.safetensors")
+    loaded = layer.load_cache(tmp_path / "c.safetensors")
+    assert loaded == cache
+    steps = [layer.decode(x[i : i + 1], cache) for i in range(len(x) - 3, len(x))]
+    assert rel_rms(np.concatenate(steps), full[-3:]) <= TOL
+    assert fork != cache  # the fork did not move
+    assert rel_rms(layer.decode(x[-3:-2], fork), steps[0]) == 0.0
+    assert rel_rms(layer.decode(x[-3:-2], loaded), steps[0]) == 0.0
+    cache.reset()
+    assert not cache.recurrent_state().any()
+
+
+def test_layer_bad_inputs(ckpt_dir, tmp_path):
+    layer, t = _fixture_layer(ckpt_dir)
+    cache = layer.new_cache(2)
+    with pytest.raises(ValueError, match=r"x: expected shape \[T, 36\], got \[37, 35\]"):
+        layer.prefill(torch.zeros(37, 35), cache, cu_seqlens=[0, 10, 37])
+    with pytest.raises(ValueError, match="cu_seqlens: 1 sequences, but the cache holds 2"):
+        layer.prefill(torch.zeros(37, 36), cache)
+    with pytest.raises(ValueError, match=r"x: expected one row per cached sequence \(2\), got 1"):
+        layer.decode(np.zeros((1, 36), np.float32), cache)
+    with pytest.raises(TypeError, match="cache: expected a kda.KdaCache"):
+        layer.decode(np.zeros((2, 36), np.float32), "cache")
+    other, _ = _fixture_layer(ckpt_dir, "layer_lb_lr_f32_k16_h1_t1.safetensors")
+    with pytest.raises(ValueError, match="cache: belongs to another layer"):
+        layer.decode(np.zeros((2, 36), np.float32), other.new_cache(2))
+    with pytest.raises(ValueError, match="nope"):
+        kda.KdaLayer.from_pretrained(tmp_path / "nope", 0)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="bad.safetensors"):
+        layer.load_cache(tmp_path / "bad.safetensors")

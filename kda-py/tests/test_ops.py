@@ -1,0 +1,341 @@
+"""kda.chunk_kda / kda.fused_recurrent_kda against fla-core 0.6.0's naive references."""
+
+import itertools
+import threading
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kda
+from kda import _convert, _core
+from conftest import naive_chunk_kda, naive_kda_gate, naive_kda_lowerbound_gate, naive_recurrent_kda, rel_rms
+
+F32_TOL = 1e-5
+BF16_TOL = 1e-2
+FUNCS = {"chunk": kda.chunk_kda, "recurrent": kda.fused_recurrent_kda}
+
+
+def l2norm(x):
+    """fla's in-kernel l2norm: x / sqrt(sum(x^2) + 1e-6)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
+
+
+def make_inputs(seed, T, H, HV, K, V, N, gate_in_kernel, gate, l2norm_in_kernel, beta_sigmoid):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    x = {
+        "q": r(1, T, H, K),
+        "k": r(1, T, H, K),
+        "v": r(1, T, HV, V),
+        "A_log": r(HV) * 0.5,
+        "dt_bias": r(HV * K) * 0.5,
+        "h0": r(N, HV, K, V) * 0.5,
+    }
+    if not l2norm_in_kernel:
+        x["q"], x["k"] = l2norm(x["q"]), l2norm(x["k"])
+    raw = r(1, T, HV, K) * 2.0
+    if gate == "softplus":
+        g_ref = naive_kda_gate(raw, x["A_log"], x["dt_bias"])
+    else:
+        g_ref = naive_kda_lowerbound_gate(raw, x["A_log"], x["dt_bias"], lower_bound=-5.0)
+    x["g_ref"] = g_ref
+    x["g"] = raw if gate_in_kernel else g_ref
+    braw = r(1, T, HV)
+    x["beta_ref"] = torch.sigmoid(braw)
+    x["beta"] = braw if beta_sigmoid else x["beta_ref"]
+    return x
+
+
+def reference(x, cu, l2norm_in_kernel, scale=None, with_h0=True, chunked=False):
+    """Per-sequence fla naive reference; returns (o [1, T, HV, V], state [N, HV, K, V])."""
+    q, k = x["q"], x["k"]
+    if l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    fn = naive_chunk_kda if chunked else naive_recurrent_kda
+    outs, states = [], []
+    for n in range(len(cu) - 1):
+        s = slice(cu[n], cu[n + 1])
+        h0 = x["h0"][n : n + 1] if with_h0 else None
+        o, st = fn(
+            q[:, s], k[:, s], x["v"][:, s], x["g_ref"][:, s], x["beta_ref"][:, s],
+            scale=scale, initial_state=h0, output_final_state=True,
+        )
+        outs.append(o)
+        states.append(st)
+    return torch.cat(outs, 1), torch.cat(states, 0)
+
+
+CASES = list(
+    itertools.product(
+        ["chunk", "recurrent"],
+        [64, 128],  # K
+        ["softplus", "lower_bound"],
+        [False, True],  # gate in kernel
+        [False, True],  # l2norm in kernel
+        [False, True],  # beta sigmoid in kernel
+    )
+)
+
+
+@pytest.mark.parametrize("fn,K,gate,gik,l2,bsig", CASES)
+def test_matches_fla_naive_f32(fn, K, gate, gik, l2, bsig):
+    """Every flag combination, varlen with an empty sequence, GVA (HV = 2H), initial and final
+    states, in float32."""
+    H, HV, V = 2, 4, 32 if K == 64 else 64
+    cu = [0, 37, 37, 100, 131]
+    seed = hash((fn, K, gate, gik, l2, bsig)) % 10_000
+    x = make_inputs(seed, 131, H, HV, K, V, len(cu) - 1, gik, gate, l2, bsig)
+    want_o, want_s = reference(x, cu, l2)
+    kw = dict(
+        initial_state=x["h0"], output_final_state=True, use_qk_l2norm_in_kernel=l2,
+        use_gate_in_kernel=gik, use_beta_sigmoid_in_kernel=bsig, A_log=x["A_log"], dt_bias=x["dt_bias"],
+        lower_bound=-5.0 if gate == "lower_bound" else None, cu_seqlens=torch.tensor(cu),
+    )
+    o, s = FUNCS[fn](x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    assert o.dtype == torch.float32 and o.shape == want_o.shape
+    assert s.dtype == torch.float32 and s.shape == want_s.shape
+    assert rel_rms(o, want_o) <= F32_TOL
+    assert rel_rms(s, want_s) <= F32_TOL
+
+
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+@pytest.mark.parametrize("K", [64, 128])
+def test_matches_naive_chunk_and_batch(fn, K):
+    """B = 2 equal-length sequences (no cu_seqlens), against fla's naive_chunk_kda, custom
+    scale, no initial state."""
+    x = make_inputs(7 + K, 128, 2, 2, K, K, 2, False, "softplus", False, False)
+    want_o, want_s = reference(x, [0, 64, 128], False, scale=0.3, with_h0=False, chunked=True)
+    b = lambda t: t.reshape(2, 64, *t.shape[2:])  # noqa: E731
+    o, s = FUNCS[fn](b(x["q"]), b(x["k"]), b(x["v"]), b(x["g"]), b(x["beta"]), scale=0.3, output_final_state=True)
+    assert o.shape == (2, 64, 2, K)
+    assert rel_rms(o, b(want_o)) <= F32_TOL
+    assert rel_rms(s, want_s) <= F32_TOL
+
+
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+def test_state_v_first(fn):
+    """V-first states in and out are the transposes of the K-first ones."""
+    x = make_inputs(3, 50, 1, 2, 64, 32, 2, True, "lower_bound", True, True)
+    cu = torch.tensor([0, 20, 50])
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+              use_beta_sigmoid_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0, cu_seqlens=cu)
+    o_k, s_k = FUNCS[fn](x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], **kw)
+    h0_v = x["h0"].transpose(-1, -2).contiguous()
+    o_v, s_v = FUNCS[fn](x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=h0_v, state_v_first=True, **kw)
+    assert s_v.shape == (2, 2, 32, 64)
+    assert torch.equal(o_k, o_v)
+    assert torch.equal(s_k, s_v.transpose(-1, -2))
+    want_o, want_s = reference(x, [0, 20, 50], True)
+    assert rel_rms(s_v.transpose(-1, -2), want_s) <= F32_TOL
+
+
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+@pytest.mark.parametrize("K", [64, 128])
+def test_bf16(fn, K):
+    """bfloat16 inputs: output in bfloat16 (q's dtype for chunk, v's for recurrent), state
+    float32, close to the float32 reference of the same bf16 values."""
+    x = make_inputs(11, 70, 2, 2, K, K, 1, True, "softplus", True, True)
+    bf = {n: t.to(torch.bfloat16) for n, t in x.items()}
+    ref_in = {n: t.float() for n, t in bf.items()}
+    ref_in["g_ref"] = naive_kda_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"])
+    ref_in["beta_ref"] = torch.sigmoid(ref_in["beta"])
+    ref_in["h0"] = x["h0"]
+    want_o, want_s = reference(ref_in, [0, 70], True)
+    o, s = FUNCS[fn](
+        bf["q"], bf["k"], bf["v"], bf["g"], bf["beta"], initial_state=x["h0"], output_final_state=True,
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+        A_log=bf["A_log"], dt_bias=bf["dt_bias"],
+    )
+    assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
+    assert rel_rms(o.float(), want_o) <= BF16_TOL
+    assert rel_rms(s, want_s) <= F32_TOL
+
+
+def test_numpy_in_numpy_out():
+    x = make_inputs(5, 40, 2, 2, 64, 64, 1, False, "softplus", False, False)
+    n = {k: v.numpy() for k, v in x.items()}
+    o, s = kda.chunk_kda(n["q"], n["k"], n["v"], n["g"], n["beta"], initial_state=n["h0"], output_final_state=True)
+    assert isinstance(o, np.ndarray) and o.dtype == np.float32 and isinstance(s, np.ndarray)
+    want_o, want_s = reference(x, [0, 40], False)
+    assert rel_rms(o, want_o) <= F32_TOL and rel_rms(s, want_s) <= F32_TOL
+    o2, s2 = kda.chunk_kda(n["q"], n["k"], n["v"], n["g"], n["beta"])
+    assert s2 is None
+
+
+def test_fused_recurrent_softplus_without_a_log_matches_fla_kernel():
+    """fla's fused_recurrent kernel without A_log computes -exp(1)*softplus(g + dt_bias)."""
+    x = make_inputs(9, 10, 1, 1, 64, 64, 1, True, "softplus", False, False)
+    ones = torch.ones(1)
+    x["g_ref"] = naive_kda_gate(x["g"], ones, x["dt_bias"])
+    want_o, _ = reference(x, [0, 10], False)
+    o, _ = kda.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], dt_bias=x["dt_bias"],
+                                   initial_state=x["h0"], use_gate_in_kernel=True)
+    assert rel_rms(o, want_o) <= F32_TOL
+
+
+def test_allow_neg_eigval():
+    x = make_inputs(13, 30, 1, 1, 64, 64, 1, False, "softplus", False, True)
+    x["beta_ref"] = 2 * x["beta_ref"]
+    want_o, _ = reference(x, [0, 30], False)
+    for fn in FUNCS.values():
+        o, _ = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
+                  use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+        assert rel_rms(o, want_o) <= F32_TOL
+
+
+def test_threads_give_identical_results():
+    x = make_inputs(17, 200, 4, 4, 64, 64, 1, False, "softplus", False, False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    o1, _ = kda.chunk_kda(*args, threads=1)
+    o3, _ = kda.chunk_kda(*args, threads=3)
+    assert torch.equal(o1, o3)
+    old = kda.get_num_threads()
+    try:
+        kda.set_num_threads(2)
+        assert kda.get_num_threads() == 2
+        assert torch.equal(kda.chunk_kda(*args)[0], o1)
+    finally:
+        kda.set_num_threads(None)
+    assert kda.get_num_threads() == old
+
+
+# ---- zero copy ----
+
+
+def test_contiguous_f32_tensor_is_viewed_not_copied():
+    t = torch.randn(3, 5, 2, 64)
+    a = _convert.as_f32(t, "q")
+    assert a.__array_interface__["data"][0] == t.data_ptr()
+    # a bf16 tensor or a non-contiguous view needs a conversion (a copy)
+    assert _convert.as_f32(t.bfloat16(), "q").__array_interface__["data"][0] != t.data_ptr()
+    tt = t.transpose(1, 2)
+    assert _convert.as_f32(tt, "q").__array_interface__["data"][0] != t.data_ptr()
+
+
+def test_readonly_numpy_inputs_are_read_in_place():
+    """Read-only float32 arrays work, and the call allocates (numpy memory, traced by
+    tracemalloc) no more than its outputs: no input was copied."""
+    T, H, K = 2048, 4, 64
+    rng = np.random.default_rng(0)
+    arrs = [rng.standard_normal((1, T, H, K), dtype=np.float32) for _ in range(4)]
+    arrs[0] /= np.linalg.norm(arrs[0], axis=-1, keepdims=True)
+    arrs[1] /= np.linalg.norm(arrs[1], axis=-1, keepdims=True)
+    arrs[3] = -np.abs(arrs[3])
+    beta = rng.random((1, T, H), dtype=np.float32)
+    for a in (*arrs, beta):
+        a.setflags(write=False)
+    out_bytes = T * H * K * 4
+    tracemalloc.start()
+    try:
+        o, _ = kda.chunk_kda(arrs[0], arrs[1], arrs[2], arrs[3], beta)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert o.shape == (1, T, H, K)
+    assert peak < out_bytes + out_bytes // 2, f"peak {peak} B for an output of {out_bytes} B"
+
+
+def test_gil_is_released_during_compute():
+    """Another Python thread runs while a long call computes."""
+    x = make_inputs(21, 4096, 4, 4, 128, 128, 1, False, "softplus", False, False)
+    ticks = []
+    done = threading.Event()
+
+    def work():
+        kda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], threads=1)
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    start = time.perf_counter()
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+        time.sleep(0.001)
+    t.join()
+    elapsed = time.perf_counter() - start
+    assert elapsed > 0.05, "the call was too short to tell"
+    assert len(ticks) > 10, f"the main thread ran only {len(ticks)} times in {elapsed:.3f} s"
+
+
+# ---- bad inputs ----
+
+
+def _ok():
+    x = make_inputs(1, 8, 2, 2, 64, 64, 1, False, "softplus", False, False)
+    return x["q"], x["k"], x["v"], x["g"], x["beta"], x
+
+
+BAD = [
+    ("q of 3 dims", lambda q, k, v, g, b, x: kda.chunk_kda(q[0], k, v, g, b), ValueError, "q: expected shape [B, T, H, K]"),
+    ("k shape", lambda q, k, v, g, b, x: kda.chunk_kda(q, k[:, :4], v, g, b), ValueError, "k: expected shape [1, 8, 2, 64]"),
+    ("g shape", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g[..., :32], b), ValueError, "g: expected shape [1, 8, 2, 64], got [1, 8, 2, 32]"),
+    ("beta shape", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b[..., :1]), ValueError, "beta: expected shape [1, 8, 2]"),
+    ("HV not a multiple", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, torch.zeros(1, 8, 3, 64), g, b), ValueError, "HV=3 must be a positive multiple"),
+    ("int dtype", lambda q, k, v, g, b, x: kda.chunk_kda(q.long(), k, v, g, b), TypeError, "q: expected float32 or bfloat16, got torch.int64"),
+    ("list", lambda q, k, v, g, b, x: kda.chunk_kda(q.tolist(), k, v, g, b), TypeError, "q: expected a torch.Tensor or numpy.ndarray, got list"),
+    ("meta tensor", lambda q, k, v, g, b, x: kda.chunk_kda(q.to("meta"), k, v, g, b), ValueError, "q: expected a CPU tensor, got device meta"),
+    ("cu_seqlens end", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, cu_seqlens=torch.tensor([0, 5])), ValueError, "cu_seqlens: expected N+1 offsets from 0 to the token count 8"),
+    ("cu_seqlens order", lambda q, k, v, g, b, x: kda.fused_recurrent_kda(q, k, v, g, b, cu_seqlens=torch.tensor([0, 6, 3, 8])), ValueError, "cu_seqlens: offsets must be non-decreasing"),
+    ("cu_seqlens float", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, cu_seqlens=torch.tensor([0.0, 8.0])), TypeError, "cu_seqlens: expected an integer tensor"),
+    ("cu_seqlens with B=2", lambda q, k, v, g, b, x: kda.chunk_kda(*(t.reshape(2, 4, *t.shape[2:]) for t in (q, k, v, g, b)), cu_seqlens=torch.tensor([0, 8])), ValueError, "batch size is expected to be 1 rather than 2"),
+    ("h0 count", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, initial_state=torch.zeros(2, 2, 64, 64), cu_seqlens=torch.tensor([0, 8])), ValueError, "i.e., 1 rather than 2"),
+    ("h0 shape", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, initial_state=torch.zeros(1, 2, 64, 32)), ValueError, "initial_state: expected shape [1, 2, 64, 64] [N, HV, K, V], got [1, 2, 64, 32]"),
+    ("h0 bf16 in chunk", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, initial_state=torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16)), TypeError, "initial_state: expected float32"),
+    ("A_log numel", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, use_gate_in_kernel=True, A_log=torch.zeros(3)), ValueError, "A_log: expected 2 elements"),
+    ("dt_bias numel", lambda q, k, v, g, b, x: kda.fused_recurrent_kda(q, k, v, g, b, use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(64)), ValueError, "dt_bias: expected 128 elements"),
+    ("no A_log", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, use_gate_in_kernel=True), ValueError, "`A_log` must be provided"),
+    ("lower_bound > 0", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, use_gate_in_kernel=True, lower_bound=1.0), ValueError, "lower_bound: expected a finite negative number, got 1.0"),
+    ("safe_gate range", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, use_gate_in_kernel=True, safe_gate=True, lower_bound=-7.0), ValueError, "`lower_bound` must be in the safe range"),
+    ("neg eigval", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, allow_neg_eigval=True), ValueError, "`allow_neg_eigval=True` requires"),
+    ("chunk_size", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, chunk_size=16), ValueError, "`chunk_size` must be either 32 or 64"),
+    ("threads 0", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, threads=0), ValueError, "threads: expected 1..=1024, got 0"),
+    ("intermediate states", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, return_intermediate_states=True), NotImplementedError, "return_intermediate_states"),
+    ("use_graph", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, use_graph=True), NotImplementedError, "use_graph"),
+    ("cp_context", lambda q, k, v, g, b, x: kda.chunk_kda(q, k, v, g, b, cp_context=object()), NotImplementedError, "cp_context"),
+    ("per-value beta", lambda q, k, v, g, b, x: kda.fused_recurrent_kda(q, k, v, g, torch.rand(1, 8, 2, 64)), NotImplementedError, "beta: per-value beta"),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_inputs(name, call, exc, msg):
+    q, k, v, g, b, x = _ok()
+    with pytest.raises(exc) as e:
+        call(q, k, v, g, b, x)
+    assert msg in str(e.value)
+
+
+def test_extension_rejects_unsafe_arrays():
+    """The native entry point checks what the Python layer guarantees: dtype, contiguity,
+    writable outputs that share no memory with inputs."""
+    z = lambda *s: np.zeros(s, dtype=np.float32)  # noqa: E731
+    q, v, beta = z(4, 1, 8), z(4, 1, 8), z(4, 1, 1)
+    o = z(4, 1, 8)
+    with pytest.raises(ValueError, match="o: must not share memory with an input"):
+        _core.delta_rule(q, q, v, q, beta, v, [0, 4], 1.0)
+    ro = z(4, 1, 8)
+    ro.setflags(write=False)
+    with pytest.raises(ValueError, match="o: array is read-only"):
+        _core.delta_rule(q, q, v, q, beta, ro, [0, 4], 1.0)
+    with pytest.raises(TypeError, match=r"q: expected float32 \('<f4'\), got '<f8'"):
+        _core.delta_rule(q.astype(np.float64), q, v, q, beta, o, [0, 4], 1.0)
+    with pytest.raises(ValueError, match="k: expected a C-contiguous array"):
+        _core.delta_rule(q, z(8, 1, 4).T, v, q, beta, o, [0, 4], 1.0)
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0 and end at the token count 4"):
+        _core.delta_rule(q, q, v, q, beta, o, [0, 3], 1.0)
+    with pytest.raises(TypeError, match="q: expected a numpy array"):
+        _core.delta_rule([1.0], q, v, q, beta, o, [0, 4], 1.0)
+
+
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+def test_lower_bound_gate_without_a_log(fn):
+    """With lower_bound and no A_log the gate is lower_bound * sigmoid(g + dt_bias)."""
+    x = make_inputs(23, 40, 2, 2, 64, 64, 1, True, "lower_bound", False, False)
+    x["g_ref"] = naive_kda_lowerbound_gate(x["g"], None, x["dt_bias"], lower_bound=-3.0)
+    want_o, want_s = reference(x, [0, 40], False)
+    o, s = FUNCS[fn](x["q"], x["k"], x["v"], x["g"], x["beta"], dt_bias=x["dt_bias"], initial_state=x["h0"],
+                     output_final_state=True, use_gate_in_kernel=True, lower_bound=-3.0)
+    assert rel_rms(o, want_o) <= F32_TOL and rel_rms(s, want_s) <= F32_TOL
