@@ -95,6 +95,30 @@ pub enum HostError {
     /// An argument is out of range.
     #[error("{0}")]
     Invalid(String),
+    /// Another error, with what was being done when it happened (an option, a layer).
+    #[error("{context}: {source}")]
+    Context {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: Box<HostError>,
+    },
+}
+
+/// Adds context to an error: `result.context(|| format!("--layer {n}"))` reads
+/// "--layer 3: …".
+pub trait Context<T> {
+    /// The error, prefixed with `what()`.
+    fn context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: Into<HostError>> Context<T> for std::result::Result<T, E> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| HostError::Context {
+            context: what(),
+            source: Box::new(e.into()),
+        })
+    }
 }
 
 impl HostError {

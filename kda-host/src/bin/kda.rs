@@ -15,6 +15,7 @@ use kda_core::{
 use kda_host::bench::{self, BenchOptions};
 use kda_host::checkpoint::layout::{GateTensors, WeightTensor};
 use kda_host::cli::{self, Cli, Command, LayoutArg, DEMO_HIDDEN};
+use kda_host::error::Context;
 use kda_host::fsio::{self, FileId};
 use kda_host::io::{stage_output, Input};
 use kda_host::rng::Rng;
@@ -23,14 +24,14 @@ use kda_host::{
     Checkpoint, HostError, Mode, Model, OwnedLayer, Panels, Runner, SequenceCaches, WeightDtype,
 };
 
-fn demo(prompt: usize, steps: usize, seed: u64, speculative: bool) -> Result<(), String> {
+fn demo(prompt: usize, steps: usize, seed: u64, speculative: bool) -> Result<(), HostError> {
     let cfg = KdaConfig::kimi_k3(DEMO_HIDDEN, 8, 32);
-    let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, seed).map_err(|e| e.to_string())?;
+    let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, seed)?;
     // The default layout of `kda forward` and `kda bench`: bf16 matrices in panels.
-    let base = layer.weights().map_err(|e| e.to_string())?;
-    let panels = Panels::new(&base).map_err(|e| e.to_string())?;
-    let w = panels.weights(&base).map_err(|e| e.to_string())?;
-    let mut caches = SequenceCaches::new(&cfg, 1).map_err(|e| e.to_string())?;
+    let base = layer.weights()?;
+    let panels = Panels::new(&base)?;
+    let w = panels.weights(&base)?;
+    let mut caches = SequenceCaches::new(&cfg, 1)?;
     let mut runner = Runner::default();
     let mut rng = Rng::new(seed ^ 0x5eed);
     println!(
@@ -46,13 +47,11 @@ fn demo(prompt: usize, steps: usize, seed: u64, speculative: bool) -> Result<(),
     );
     // `Cli::check` has bounded prompt × hidden; the buffer is still allocated fallibly.
     let mut x = kda_host::error::try_zeroed::<f32>(prompt * cfg.hidden, "the demo's prompt")
-        .map_err(|e| format!("--prompt {prompt}: {e}"))?;
+        .context(|| format!("--prompt {prompt}"))?;
     x.iter_mut().for_each(|v| *v = rng.normal());
     let t = Instant::now();
-    let layer = KdaLayer::new(&cfg, w, ForwardOptions::default()).map_err(|e| e.to_string())?;
-    let y = runner
-        .forward(&layer, &x, &[0, prompt], &mut caches, InitialCaches::Zero)
-        .map_err(|e| e.to_string())?;
+    let layer = KdaLayer::new(&cfg, w, ForwardOptions::default())?;
+    let y = runner.forward(&layer, &x, &[0, prompt], &mut caches, InitialCaches::Zero)?;
     let layer = layer.with_mode(Mode::Recurrent);
     let dt = t.elapsed().as_secs_f64();
     let rms = (y.iter().map(|v| (v * v) as f64).sum::<f64>() / y.len().max(1) as f64).sqrt();
@@ -65,9 +64,7 @@ fn demo(prompt: usize, steps: usize, seed: u64, speculative: bool) -> Result<(),
     let mut last = Vec::new();
     for _ in 0..steps {
         let xt = rng.normals(cfg.hidden, 1.0);
-        last = runner
-            .decode(&layer, &xt, &mut caches)
-            .map_err(|e| e.to_string())?;
+        last = runner.decode(&layer, &xt, &mut caches)?;
     }
     let dt = t.elapsed().as_secs_f64();
     println!(
@@ -78,7 +75,7 @@ fn demo(prompt: usize, steps: usize, seed: u64, speculative: bool) -> Result<(),
         &last[..last.len().min(4)]
     );
     if !y.iter().chain(&last).all(|v| v.is_finite()) {
-        return Err("non-finite output".into());
+        return Err(HostError::Invalid("non-finite output".into()));
     }
     if speculative {
         demo_speculative(&layer, &mut runner, &mut caches, &mut rng)?;
@@ -94,11 +91,10 @@ fn demo_speculative(
     runner: &mut Runner,
     caches: &mut SequenceCaches,
     rng: &mut Rng,
-) -> Result<(), String> {
+) -> Result<(), HostError> {
     const D: usize = 4;
     let cfg = *layer.config();
     let h = cfg.hidden;
-    let err = |e: HostError| e.to_string();
     let state_bytes = caches.bytes();
     println!(
         "speculative: {D} drafts per round, verified in one call, then the accepted ones committed"
@@ -107,21 +103,15 @@ fn demo_speculative(
         let drafts = rng.normals(D * h, 1.0);
         let mut direct = caches.clone();
         let t = Instant::now();
-        let (out, mut record) = runner.verify(layer, &drafts, D, caches).map_err(err)?;
+        let (out, mut record) = runner.verify(layer, &drafts, D, caches)?;
         let t_verify = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        runner
-            .commit(layer, &mut record, D, &[accepted], caches)
-            .map_err(err)?;
+        runner.commit(layer, &mut record, D, &[accepted], caches)?;
         let t_commit = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut steps = Vec::new();
         for i in 0..accepted {
-            steps.extend(
-                runner
-                    .decode(layer, &drafts[i * h..(i + 1) * h], &mut direct)
-                    .map_err(err)?,
-            );
+            steps.extend(runner.decode(layer, &drafts[i * h..(i + 1) * h], &mut direct)?);
         }
         let t_steps = t.elapsed().as_secs_f64();
         let same = out[..accepted * h] == steps[..] && *caches == direct;
@@ -135,7 +125,9 @@ fn demo_speculative(
             if same { "yes, bitwise" } else { "NO" }
         );
         if !same {
-            return Err("speculative commit differs from decoding the accepted tokens".into());
+            return Err(HostError::Invalid(
+                "speculative commit differs from decoding the accepted tokens".into(),
+            ));
         }
     }
     Ok(())
@@ -195,8 +187,8 @@ fn gate_forms(cfg: &KdaConfig) -> String {
     format!("{decay} (f_a/f_b {dp}), {og}")
 }
 
-fn inspect(dir: &Path) -> Result<(), String> {
-    let model = Model::open(dir).map_err(|e| e.to_string())?;
+fn inspect(dir: &Path) -> Result<(), HostError> {
+    let model = Model::open(dir)?;
     let c = model.config();
     println!(
         "{}: {} layout, model_type {}, hidden {}, {} layers: {} KDA, {} full attention",
@@ -248,7 +240,7 @@ fn inspect(dir: &Path) -> Result<(), String> {
 }
 
 /// The rayon pool for `--threads` (checked by the parser; capped by `cli::resolve_threads`).
-fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, String> {
+fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, HostError> {
     let (n, lowered) = cli::resolve_threads(threads);
     if lowered {
         eprintln!(
@@ -260,7 +252,9 @@ fn thread_pool(threads: Option<usize>) -> Result<rayon::ThreadPool, String> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build()
-        .map_err(|e| format!("--threads {n}: cannot start the thread pool: {e}"))
+        .map_err(|e| {
+            HostError::Invalid(format!("--threads {n}: cannot start the thread pool: {e}"))
+        })
 }
 
 /// What `kda forward` was asked to do.
@@ -281,7 +275,7 @@ struct ForwardArgs<'a> {
 /// Checks before anything is computed that the output files can be written and replace no
 /// file the run reads, nor each other (by canonical path and by device/inode). The one
 /// exception is `--state-in S --state-out S`: the state is replaced atomically at the end.
-fn check_outputs(a: &ForwardArgs, ckpt: &Checkpoint) -> Result<(), String> {
+fn check_outputs(a: &ForwardArgs, ckpt: &Checkpoint) -> Result<(), HostError> {
     let mut outputs = vec![("--output", a.output)];
     outputs.extend(a.state_out.map(|p| ("--state-out", p)));
     outputs.extend(a.snapshots.map(|(_, p)| ("--snapshots", p)));
@@ -293,13 +287,13 @@ fn check_outputs(a: &ForwardArgs, ckpt: &Checkpoint) -> Result<(), String> {
     inputs.push(("--input".into(), a.input.to_path_buf()));
     let mut ids = Vec::new();
     for (opt, p) in &outputs {
-        fsio::check_output(p).map_err(|e| format!("{opt}: {e}"))?;
-        let id = FileId::of(p).map_err(|e| format!("{opt}: {e}"))?;
+        fsio::check_output(p).context(|| opt.to_string())?;
+        let id = FileId::of(p).context(|| opt.to_string())?;
         if let Some((other, _)) = ids.iter().find(|(_, i): &&(&str, FileId)| i.same(&id)) {
-            return Err(format!(
+            return Err(HostError::Invalid(format!(
                 "{opt} {} is the same file as {other}; each output needs its own file",
                 p.display()
-            ));
+            )));
         }
         ids.push((opt, id));
     }
@@ -312,59 +306,51 @@ fn check_outputs(a: &ForwardArgs, ckpt: &Checkpoint) -> Result<(), String> {
         for (out_opt, out) in &ids {
             let in_place = opt == "--state-in" && *out_opt == "--state-out";
             if out.same(&input) && !in_place {
-                return Err(format!(
+                return Err(HostError::Invalid(format!(
                     "{out_opt} {} is the same file as {opt} {}; the run would overwrite its own input",
                     out.path.display(),
                     p.display()
-                ));
+                )));
             }
         }
     }
     Ok(())
 }
 
-fn forward(a: &ForwardArgs) -> Result<(), String> {
-    let ckpt = Checkpoint::open(a.model_dir).map_err(|e| e.to_string())?;
-    fsio::regular_file(a.input).map_err(|e| e.to_string())?;
+fn forward(a: &ForwardArgs) -> Result<(), HostError> {
+    let ckpt = Checkpoint::open(a.model_dir)?;
+    fsio::regular_file(a.input)?;
     if let Some(p) = a.state_in {
-        fsio::regular_file(p).map_err(|e| e.to_string())?;
+        fsio::regular_file(p)?;
     }
     check_outputs(a, &ckpt)?;
     let index = match a.layer {
         Some(n) => {
             ckpt.config
                 .check_kda_layer(n)
-                .map_err(|e| format!("--layer {n}: {e}"))?;
+                .context(|| format!("--layer {n}"))?;
             n
         }
-        None => *ckpt
-            .config
-            .kda_layers
-            .first()
-            .ok_or_else(|| format!("{}: the config lists no KDA layers", ckpt.name()))?,
+        None => *ckpt.config.kda_layers.first().ok_or_else(|| {
+            HostError::Invalid(format!("{}: the config lists no KDA layers", ckpt.name()))
+        })?,
     };
-    let mut model = ckpt.load(Some(&[index])).map_err(|e| e.to_string())?;
+    let mut model = ckpt.load(Some(&[index]))?;
     if a.layout == LayoutArg::Panels {
-        model.repack_panels().map_err(|e| e.to_string())?;
+        model.repack_panels()?;
     }
-    let (cfg, w) = model.weights(index).map_err(|e| e.to_string())?;
-    let inp = Input::read(a.input, cfg.hidden).map_err(|e| e.to_string())?;
+    let (cfg, w) = model.weights(index)?;
+    let inp = Input::read(a.input, cfg.hidden)?;
     let n = inp.sequences();
     let (mut caches, init) = match a.state_in {
-        Some(p) => (
-            read_state(p, cfg, Some(n)).map_err(|e| e.to_string())?,
-            InitialCaches::Given,
-        ),
-        None => (
-            SequenceCaches::try_new(cfg, n).map_err(|e| e.to_string())?,
-            InitialCaches::Zero,
-        ),
+        Some(p) => (read_state(p, cfg, Some(n))?, InitialCaches::Given),
+        None => (SequenceCaches::try_new(cfg, n)?, InitialCaches::Zero),
     };
     // Every argument and file is checked: only now start the threads.
     let pool = thread_pool(a.threads)?;
     let mut runner = Runner::default();
     let opts = ForwardOptions::default().with_mode(a.mode);
-    let layer = KdaLayer::new(cfg, w, opts).map_err(|e| format!("layer {index}: {e}"))?;
+    let layer = KdaLayer::new(cfg, w, opts).context(|| format!("layer {index}"))?;
     let at = match a.snapshots {
         Some((every, _)) => snapshot_list(&inp.cu_seqlens, every)?,
         None => Vec::new(),
@@ -379,29 +365,28 @@ fn forward(a: &ForwardArgs) -> Result<(), String> {
                 .forward(&layer, x, cu, &mut caches, init)
                 .map(|o| (o, None)),
         })
-        .map_err(|e: HostError| format!("layer {index}: {e}"))?;
+        .context(|| format!("layer {index}"))?;
     // Every file is written in full before any replaces anything.
-    let mut staged = vec![stage_output(a.output, &out, cfg.hidden).map_err(|e| e.to_string())?];
+    let mut staged = vec![stage_output(a.output, &out, cfg.hidden)?];
     if let Some(p) = a.state_out {
-        staged.push(stage_state(p, cfg, &caches).map_err(|e| e.to_string())?);
+        staged.push(stage_state(p, cfg, &caches)?);
     }
     if let (Some((_, p)), Some(s)) = (a.snapshots, &snaps) {
-        staged.push(stage_snapshots(p, cfg, &at, s).map_err(|e| e.to_string())?);
+        staged.push(stage_snapshots(p, cfg, &at, s)?);
     }
-    fsio::commit_all(staged).map_err(|e| e.to_string())
+    fsio::commit_all(staged)
 }
 
 /// The snapshot positions every `every` tokens of each sequence of `cu_seqlens`.
-fn snapshot_list(cu_seqlens: &[usize], every: usize) -> Result<Vec<SnapshotPos>, String> {
-    let m = snapshot_count(cu_seqlens, every).map_err(|e| format!("--snapshot-every: {e}"))?;
-    let mut at = kda_host::error::try_zeroed::<SnapshotPos>(m, "the snapshot positions")
-        .map_err(|e| e.to_string())?;
-    snapshot_positions(cu_seqlens, every, &mut at).map_err(|e| format!("--snapshot-every: {e}"))?;
+fn snapshot_list(cu_seqlens: &[usize], every: usize) -> Result<Vec<SnapshotPos>, HostError> {
+    let m = snapshot_count(cu_seqlens, every).context(|| "--snapshot-every".to_string())?;
+    let mut at = kda_host::error::try_zeroed::<SnapshotPos>(m, "the snapshot positions")?;
+    snapshot_positions(cu_seqlens, every, &mut at).context(|| "--snapshot-every".to_string())?;
     Ok(at)
 }
 
-fn run(cli: Cli) -> Result<(), String> {
-    cli.check()?;
+fn run(cli: Cli) -> Result<(), HostError> {
+    cli.check().map_err(HostError::Invalid)?;
     match cli.command {
         Command::Demo {
             prompt,
@@ -455,7 +440,6 @@ fn run(cli: Cli) -> Result<(), String> {
                 panels: layout == LayoutArg::Panels,
             };
             pool.install(|| bench::run(&opts, &mut std::io::stdout()))
-                .map_err(|e| e.to_string())
         }
     }
 }
@@ -513,7 +497,7 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(move || run(cli)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("error: {}", one_line(&e.to_string()));
             ExitCode::FAILURE
         }
         // The hook has printed the one line.
