@@ -37,8 +37,28 @@ pub(crate) fn step_unchecked(rows: HeadRows<'_>, out: &mut [f32]) {
         beta: rows.beta[0],
         scale: rows.scale,
     };
-    let decay = rows.g.iter().map(|&x| exp(x));
-    fused_step(Isa::Portable, rows.state, &token, decay, rows.v_o, out);
+    // One key row at a time, so the decay factors need no scratch.
+    let (v, state) = (rows.v_o, rows.state);
+    let vd = v.len();
+    if vd == 0 {
+        return;
+    }
+    out.fill(0.0);
+    for ((row, &k), &g) in state.chunks_exact_mut(vd).zip(token.k).zip(rows.g) {
+        simd::decay_predict(Isa::Portable, row, exp(g), k, out);
+    }
+    for (x, p) in v.iter_mut().zip(out.iter()) {
+        *x = token.beta * (*x - *p);
+    }
+    out.fill(0.0);
+    simd::write_read_rows(
+        Isa::Portable,
+        state,
+        token.k,
+        v,
+        (token.q, token.scale),
+        out,
+    );
 }
 
 /// f32 elements of scratch [`recurrent_head`] needs for key dim `k` and value dim `v`.
@@ -87,7 +107,7 @@ pub fn recurrent_head(isa: Isa, rows: HeadRows<'_>, scratch: &mut [f32]) -> Resu
             beta: beta[t],
             scale,
         };
-        fused_step(isa, state, &token, decay.iter().copied(), vrow, out);
+        fused_step(isa, state, &token, decay, vrow, out);
         vrow.copy_from_slice(out);
     }
     Ok(())
@@ -119,7 +139,7 @@ pub(crate) fn replay_step(
         beta: t.beta,
         scale: 1.0,
     };
-    fused_step(isa, state, &token, t.decay.iter().copied(), delta, out);
+    fused_step(isa, state, &token, t.decay, delta, out);
 }
 
 /// One token's read-only inputs for one head.
@@ -130,32 +150,27 @@ struct Token<'a> {
     scale: f32,
 }
 
-/// One token given the decay factors `e^{g}` of each key row: two passes over the state, each
-/// row loaded and stored once per pass. `v` becomes δ; `out` receives `o`.
+/// One token given the decay factors `e^{g}` of each key row (`[K]`): two passes over the
+/// state, each row loaded and stored once per pass. `v` becomes δ; `out` receives `o`.
 #[inline]
 fn fused_step(
     isa: Isa,
     state: &mut [f32],
     t: &Token<'_>,
-    decay: impl Iterator<Item = f32>,
+    decay: &[f32],
     v: &mut [f32],
     out: &mut [f32],
 ) {
-    let vd = v.len();
-    if vd == 0 {
+    if v.is_empty() {
         return;
     }
     out.fill(0.0);
-    for ((row, &kd), a) in state.chunks_exact_mut(vd).zip(t.k).zip(decay) {
-        simd::decay_predict(isa, row, a, kd, out);
-    }
+    simd::decay_predict_rows(isa, state, t.k, decay, out);
     for (x, p) in v.iter_mut().zip(out.iter()) {
         *x = t.beta * (*x - *p);
     }
     out.fill(0.0);
-    for ((row, &kd), &qd) in state.chunks_exact_mut(vd).zip(t.k).zip(t.q) {
-        simd::write_read(isa, row, kd, v, qd * t.scale, out);
-    }
+    simd::write_read_rows(isa, state, t.k, v, (t.q, t.scale), out);
 }
 
 /// Runs the recurrence over `T` tokens of one sequence for all heads, the layout of fla's

@@ -29,7 +29,31 @@ pub(super) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// [`decay_predict`] for every key row of a state `[K, V]` (`V = p.len()`): one dispatch per
+/// token instead of one per row.
 #[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn decay_predict_rows(s: &mut [f32], k: &[f32], decay: &[f32], p: &mut [f32]) {
+    for ((row, &kd), &a) in s.chunks_exact_mut(p.len()).zip(k).zip(decay) {
+        decay_predict(row, a, kd, p);
+    }
+}
+
+/// [`write_read`] for every key row of a state `[K, V]` (`V = o.len()`), with `q[d]·scale`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn write_read_rows(
+    s: &mut [f32],
+    k: &[f32],
+    delta: &[f32],
+    (q, scale): (&[f32], f32),
+    o: &mut [f32],
+) {
+    for ((row, &kd), &qd) in s.chunks_exact_mut(o.len()).zip(k).zip(q) {
+        write_read(row, kd, delta, qd * scale, o);
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[inline]
 pub(super) unsafe fn decay_predict(s: &mut [f32], decay: f32, k: f32, p: &mut [f32]) {
     let n = s.len();
     let (sp, pp) = (s.as_mut_ptr(), p.as_mut_ptr());
@@ -51,6 +75,7 @@ pub(super) unsafe fn decay_predict(s: &mut [f32], decay: f32, k: f32, p: &mut [f
 }
 
 #[target_feature(enable = "avx2,fma")]
+#[inline]
 pub(super) unsafe fn write_read(s: &mut [f32], k: f32, delta: &[f32], q: f32, o: &mut [f32]) {
     let n = s.len();
     let (sp, dp, op) = (s.as_mut_ptr(), delta.as_ptr(), o.as_mut_ptr());

@@ -364,12 +364,37 @@ pub fn decay_predict(isa: Isa, s: &mut [f32], decay: f32, k: f32, p: &mut [f32])
     dispatch!(isa, decay_predict(s, decay, k, p))
 }
 
-/// Recurrence pass 2 for one key row: `s[i] += k·delta[i]; o[i] += q·s[i]`.
+/// Recurrence pass 1 over a whole state `s` `[K, V]` (`V = p.len()`): for each key row `d`,
+/// `s[d] *= decay[d]; p += k[d]·s[d]` (one dispatch for all rows).
 #[inline]
-pub fn write_read(isa: Isa, s: &mut [f32], k: f32, delta: &[f32], q: f32, o: &mut [f32]) {
-    let n = s.len().min(delta.len()).min(o.len());
-    let (s, delta, o) = (&mut s[..n], &delta[..n], &mut o[..n]);
-    dispatch!(isa, write_read(s, k, delta, q, o))
+pub fn decay_predict_rows(isa: Isa, s: &mut [f32], k: &[f32], decay: &[f32], p: &mut [f32]) {
+    if p.is_empty() {
+        return;
+    }
+    let rows = (s.len() / p.len()).min(k.len()).min(decay.len());
+    let (s, k, decay) = (&mut s[..rows * p.len()], &k[..rows], &decay[..rows]);
+    dispatch!(isa, decay_predict_rows(s, k, decay, p))
+}
+
+/// Recurrence pass 2 over a whole state `s` `[K, V]` (`V = o.len()`): for each key row `d`,
+/// `s[d] += k[d]·delta; o += (q[d]·scale)·s[d]` (one dispatch for all rows).
+#[inline]
+pub fn write_read_rows(
+    isa: Isa,
+    s: &mut [f32],
+    k: &[f32],
+    delta: &[f32],
+    (q, scale): (&[f32], f32),
+    o: &mut [f32],
+) {
+    let v = o.len().min(delta.len());
+    if v == 0 {
+        return;
+    }
+    let (delta, o) = (&delta[..v], &mut o[..v]);
+    let rows = (s.len() / v).min(k.len()).min(q.len());
+    let (s, k, q) = (&mut s[..rows * v], &k[..rows], &q[..rows]);
+    dispatch!(isa, write_read_rows(s, k, delta, (q, scale), o))
 }
 
 /// `x[i] = e^{x[i]}` (vector path: Cephes polynomial, < 2 ulp; flushes below e^−87.5 to 0).
@@ -479,14 +504,16 @@ mod tests {
                 axpy(isa, 0.3, &x, &mut y1);
                 portable::axpy(0.3, &x, &mut y2);
                 assert!(y1.iter().zip(&y2).all(|(a, b)| close(*a, *b, 1e-6)));
-                let (mut s1, mut p1) = (rnd(n, 8), rnd(n, 9));
+                // A state of 3 key rows of n values.
+                let (mut s1, mut p1) = (rnd(3 * n, 8), rnd(n, 9));
                 let (mut s2, mut p2) = (s1.clone(), p1.clone());
-                decay_predict(isa, &mut s1, 0.9, -0.7, &mut p1);
-                portable::decay_predict(&mut s2, 0.9, -0.7, &mut p2);
+                let (k, decay, q) = (rnd(3, 10), rnd(3, 11), rnd(3, 12));
+                decay_predict_rows(isa, &mut s1, &k, &decay, &mut p1);
+                portable::decay_predict_rows(&mut s2, &k, &decay, &mut p2);
                 assert!(s1.iter().zip(&s2).all(|(a, b)| close(*a, *b, 1e-6)));
                 assert!(p1.iter().zip(&p2).all(|(a, b)| close(*a, *b, 1e-6)));
-                write_read(isa, &mut s1, 0.4, &x, 1.3, &mut p1);
-                portable::write_read(&mut s2, 0.4, &x, 1.3, &mut p2);
+                write_read_rows(isa, &mut s1, &k, &x, (&q, 1.3), &mut p1);
+                portable::write_read_rows(&mut s2, &k, &x, (&q, 1.3), &mut p2);
                 assert!(s1.iter().zip(&s2).all(|(a, b)| close(*a, *b, 1e-6)));
                 assert!(p1.iter().zip(&p2).all(|(a, b)| close(*a, *b, 1e-6)));
             }

@@ -13,6 +13,30 @@ pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+pub(super) fn decay_predict_rows(s: &mut [f32], k: &[f32], decay: &[f32], p: &mut [f32]) {
+    if p.is_empty() {
+        return;
+    }
+    for ((row, &kd), &a) in s.chunks_exact_mut(p.len()).zip(k).zip(decay) {
+        decay_predict(row, a, kd, p);
+    }
+}
+
+pub(super) fn write_read_rows(
+    s: &mut [f32],
+    k: &[f32],
+    delta: &[f32],
+    (q, scale): (&[f32], f32),
+    o: &mut [f32],
+) {
+    if o.is_empty() {
+        return;
+    }
+    for ((row, &kd), &qd) in s.chunks_exact_mut(o.len()).zip(k).zip(q) {
+        write_read(row, kd, delta, qd * scale, o);
+    }
+}
+
 pub(super) fn decay_predict(s: &mut [f32], decay: f32, k: f32, p: &mut [f32]) {
     for (s, p) in s.iter_mut().zip(p.iter_mut()) {
         *s *= decay;
