@@ -262,27 +262,31 @@ impl Progress {
     }
 }
 
+/// Writes one line of the report.
+fn line(out: &mut dyn Write, s: String) -> Result<()> {
+    writeln!(out, "{s}").map_err(|e| HostError::Invalid(format!("cannot write the report: {e}")))
+}
+
+/// Tokens per prefill slice (as large as the runner's blocks, so slicing does not change the
+/// work).
+const SLICE: usize = 256;
+
 /// Runs the benchmark, writing the report to `out`.
 pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
-    let w = |out: &mut dyn Write, s: String| {
-        writeln!(out, "{s}")
-            .map_err(|e| HostError::Invalid(format!("cannot write the report: {e}")))
-    };
     if opts.batch == 0 {
         return Err(HostError::Invalid("--batch must be at least 1".into()));
     }
     let cfg = opts.preset.config();
     // The buffers sized by the options first: a batch too large fails before the measurements.
-    let slice = 256usize;
     let slice_values = opts
         .batch
-        .checked_mul(opts.prompt.clamp(1, slice) * cfg.hidden)
+        .checked_mul(opts.prompt.clamp(1, SLICE) * cfg.hidden)
         .ok_or_else(|| HostError::Invalid("--batch: too many sequences".into()))?;
     let mut slice_buf = crate::error::try_zeroed::<f32>(
         slice_values,
         "the prefill slice (--batch sequences × up to 256 tokens × hidden)",
     )?;
-    let mut caches = SequenceCaches::try_new(&cfg, opts.batch)?;
+    let caches = SequenceCaches::try_new(&cfg, opts.batch)?;
     let bw = measure_bandwidth(256 << 20, opts.threads > 1)?;
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
     let base = layer.weights()?;
@@ -296,70 +300,136 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     } else {
         base
     };
-    let prefill = KdaLayer::new(&cfg, wts, ForwardOptions::default())?;
-    let decode = prefill.with_mode(Mode::Recurrent);
-    w(
+    report_setup(out, opts, &layer, &bw)?;
+    let mut bench = Bench {
+        opts,
+        layer: KdaLayer::new(&cfg, wts, ForwardOptions::default())?,
+        runner: Runner::default(),
+        caches,
+        rng: Rng::new(opts.seed ^ 0xbe9c),
+    };
+    let (dt, sum_sq) = bench.prefill(&mut slice_buf)?;
+    report_prefill(out, opts, &layer, dt, sum_sq)?;
+    let (dt, last) = bench.decode()?;
+    report_decode(out, opts, &layer, dt, &bw)?;
+    if !last.iter().all(|v| v.is_finite()) || !sum_sq.is_finite() {
+        return Err(HostError::Invalid("bench: non-finite output".into()));
+    }
+    Ok(())
+}
+
+/// The state of one benchmark run.
+struct Bench<'a, 'w> {
+    opts: &'a BenchOptions,
+    layer: KdaLayer<'w>,
+    runner: Runner,
+    caches: SequenceCaches,
+    rng: Rng,
+}
+
+impl Bench<'_, '_> {
+    /// Prefill: `batch` sequences of `prompt` tokens, in slices of [`SLICE`] tokens so a bar
+    /// can move. Returns the seconds taken and the outputs' sum of squares.
+    fn prefill(&mut self, slice_buf: &mut [f32]) -> Result<(f64, f64)> {
+        let (opts, hd) = (self.opts, self.layer.config().hidden);
+        let total = opts
+            .prompt
+            .checked_mul(opts.batch)
+            .ok_or_else(|| HostError::Invalid("--prompt × --batch: too many tokens".into()))?;
+        let mut bar = Progress::new("prefill", total, opts.progress);
+        // One generator per sequence, so each slice's rows are drawn when needed (not every
+        // prompt up front) and each sequence's prompt is the same however it is sliced.
+        let mut seq_rngs: Vec<Rng> = (0..opts.batch)
+            .map(|_| Rng::new(self.rng.next_u64()))
+            .collect();
+        let t = Instant::now();
+        let mut t0 = 0;
+        let mut sum_sq = 0.0f64;
+        while t0 < opts.prompt || t0 == 0 {
+            let t1 = opts.prompt.min(t0 + SLICE);
+            let len = t1 - t0;
+            let x = &mut slice_buf[..opts.batch * len * hd];
+            for (row, r) in x.chunks_exact_mut(len * hd).zip(&mut seq_rngs) {
+                row.iter_mut().for_each(|v| *v = r.normal());
+            }
+            let cu: Vec<usize> = (0..=opts.batch).map(|i| i * len).collect();
+            let init = if t0 == 0 {
+                InitialCaches::Zero
+            } else {
+                InitialCaches::Given
+            };
+            let y = self
+                .runner
+                .forward(&self.layer, x, &cu, &mut self.caches, init)?;
+            sum_sq += y.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
+            bar.inc(len * opts.batch);
+            t0 = t1;
+            if opts.prompt == 0 {
+                break;
+            }
+        }
+        bar.finish();
+        Ok((t.elapsed().as_secs_f64().max(1e-9), sum_sq))
+    }
+
+    /// Decode: `steps` steps of one token per sequence. Returns the seconds taken (the steps
+    /// alone) and the last outputs.
+    fn decode(&mut self) -> Result<(f64, Vec<f32>)> {
+        let (opts, hd) = (self.opts, self.layer.config().hidden);
+        let decode = self.layer.with_mode(Mode::Recurrent);
+        let mut bar = Progress::new("decode", opts.steps, opts.progress);
+        let mut last = Vec::new();
+        let mut elapsed = Duration::ZERO;
+        for _ in 0..opts.steps {
+            let x = self.rng.normals(opts.batch * hd, 1.0);
+            let t = Instant::now();
+            last = self.runner.decode(&decode, &x, &mut self.caches)?;
+            elapsed += t.elapsed();
+            bar.inc(1);
+        }
+        bar.finish();
+        Ok((elapsed.as_secs_f64().max(1e-9), last))
+    }
+}
+
+fn report_setup(
+    out: &mut dyn Write,
+    opts: &BenchOptions,
+    layer: &OwnedLayer,
+    bw: &Bandwidth,
+) -> Result<()> {
+    line(
         out,
         format!(
             "kda bench: preset {} ({}), bf16 weights {:.1} MiB (seeded random) in the {} layout, batch {}, {} thread(s)",
             opts.preset.name(),
-            describe(&cfg),
+            describe(&layer.cfg),
             layer.weight_bytes() as f64 / (1 << 20) as f64,
             if opts.panels { "panel" } else { "row-major" },
             opts.batch,
             opts.threads
         ),
     )?;
-    w(
+    line(
         out,
         format!(
             "memory bandwidth of this machine ({} thread(s), 256 MiB buffers): memcpy {:.1} GB/s (read+write bytes), read {:.1} GB/s (best of 1 and 8 streams)",
             opts.threads, bw.copy, bw.read
         ),
-    )?;
-    let mut runner = Runner::default();
-    let mut rng = Rng::new(opts.seed ^ 0xbe9c);
-    let hd = cfg.hidden;
+    )
+}
 
-    // Prefill: `batch` sequences of `prompt` tokens, in slices so a bar can move (as large as
-    // the runner's blocks, so the slicing does not change the work).
-    let total = opts
-        .prompt
-        .checked_mul(opts.batch)
-        .ok_or_else(|| HostError::Invalid("--prompt × --batch: too many tokens".into()))?;
-    let mut bar = Progress::new("prefill", total, opts.progress);
-    // One generator per sequence, so each slice's rows are drawn when needed (not every prompt
-    // up front) and each sequence's prompt is the same however it is sliced.
-    let mut seq_rngs: Vec<Rng> = (0..opts.batch).map(|_| Rng::new(rng.next_u64())).collect();
-    let t = Instant::now();
-    let mut t0 = 0;
-    let mut sum_sq = 0.0f64;
-    while t0 < opts.prompt || t0 == 0 {
-        let t1 = opts.prompt.min(t0 + slice);
-        let len = t1 - t0;
-        let x = &mut slice_buf[..opts.batch * len * hd];
-        for (row, r) in x.chunks_exact_mut(len * hd).zip(&mut seq_rngs) {
-            row.iter_mut().for_each(|v| *v = r.normal());
-        }
-        let cu: Vec<usize> = (0..=opts.batch).map(|i| i * len).collect();
-        let init = if t0 == 0 {
-            InitialCaches::Zero
-        } else {
-            InitialCaches::Given
-        };
-        let y = runner.forward(&prefill, x, &cu, &mut caches, init)?;
-        sum_sq += y.iter().map(|v| (*v as f64).powi(2)).sum::<f64>();
-        bar.inc(len * opts.batch);
-        t0 = t1;
-        if opts.prompt == 0 {
-            break;
-        }
-    }
-    bar.finish();
-    let dt = t.elapsed().as_secs_f64().max(1e-9);
-    let toks = total as f64;
-    let fpt = flops_per_token(&layer);
-    w(
+fn report_prefill(
+    out: &mut dyn Write,
+    opts: &BenchOptions,
+    layer: &OwnedLayer,
+    dt: f64,
+    sum_sq: f64,
+) -> Result<()> {
+    let cfg = &layer.cfg;
+    let toks = (opts.prompt * opts.batch) as f64;
+    let fpt = flops_per_token(layer);
+    line(
         out,
         format!(
             "prefill: {} x {} tokens in {dt:.3} s = {:.1} tokens/s, {:.2} GFLOP/s (FLOPs/token = 2*weight MACs + 8*H*K*V = 2*{} + 8*{}*{}*{} = {:.3} GFLOP; output RMS {:.4})",
@@ -367,31 +437,26 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
             opts.prompt,
             toks / dt,
             toks * fpt / dt / 1e9,
-            weight_macs(&layer),
+            weight_macs(layer),
             cfg.heads,
             cfg.head_dim,
             cfg.head_dim,
             fpt / 1e9,
-            (sum_sq / (toks * hd as f64).max(1.0)).sqrt()
+            (sum_sq / (toks * cfg.hidden as f64).max(1.0)).sqrt()
         ),
-    )?;
+    )
+}
 
-    // Decode.
-    let mut bar = Progress::new("decode", opts.steps, opts.progress);
-    let mut last = Vec::new();
-    let mut elapsed = Duration::ZERO;
-    for _ in 0..opts.steps {
-        let x = rng.normals(opts.batch * hd, 1.0);
-        let t = Instant::now();
-        last = runner.decode(&decode, &x, &mut caches)?;
-        elapsed += t.elapsed();
-        bar.inc(1);
-    }
-    bar.finish();
-    let dt = elapsed.as_secs_f64().max(1e-9);
-    let bytes = decode_bytes_per_step(&layer, opts.batch);
+fn report_decode(
+    out: &mut dyn Write,
+    opts: &BenchOptions,
+    layer: &OwnedLayer,
+    dt: f64,
+    bw: &Bandwidth,
+) -> Result<()> {
+    let bytes = decode_bytes_per_step(layer, opts.batch);
     let gbs = bytes * opts.steps as f64 / dt / 1e9;
-    w(
+    line(
         out,
         format!(
             "decode: {} steps x batch {} in {dt:.3} s = {:.1} tokens/s ({:.3} ms/step), {gbs:.2} GB/s achieved = {:.0}% of measured read bandwidth (bytes/step = weights + batch*2*(recurrent + conv states) = {:.1} MB)",
@@ -402,9 +467,5 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
             100.0 * gbs / bw.read.max(1e-9),
             bytes / 1e6
         ),
-    )?;
-    if !last.iter().all(|v| v.is_finite()) || !sum_sq.is_finite() {
-        return Err(HostError::Invalid("bench: non-finite output".into()));
-    }
-    Ok(())
+    )
 }
