@@ -70,6 +70,21 @@ pub struct ModelConfig {
     pub full_rank_gate: bool,
 }
 
+/// The top-level JSON object of `bytes`.
+fn json_object(bytes: &[u8], file: &str) -> Result<Map<String, Value>> {
+    let top: Value = serde_json::from_slice(bytes).map_err(|e| HostError::Config {
+        file: file.to_string(),
+        reason: format!("not valid JSON: {e}"),
+    })?;
+    match top {
+        Value::Object(top) => Ok(top),
+        _ => Err(HostError::Config {
+            file: file.to_string(),
+            reason: "not a JSON object".into(),
+        }),
+    }
+}
+
 struct Ctx<'a> {
     file: &'a str,
     /// `""` or `"text_config."`, for messages.
@@ -82,6 +97,107 @@ impl Ctx<'_> {
             file: self.file.to_string(),
             reason,
         }
+    }
+
+    /// `linear_attn_config`, which a config with KDA layers must have.
+    fn linear_attn_config<'v>(
+        &self,
+        text: &'v Map<String, Value>,
+    ) -> Result<&'v Map<String, Value>> {
+        let scope = self.scope;
+        match text.get("linear_attn_config") {
+            Some(Value::Object(l)) => Ok(l),
+            Some(Value::Null) | None => Err(self.err(format!(
+                "lacks `{scope}linear_attn_config` (not a Kimi Linear / Kimi K3 config with KDA layers)"
+            ))),
+            Some(v) => Err(self.err(format!(
+                "`{scope}linear_attn_config` must be an object, found {}",
+                short(v)
+            ))),
+        }
+    }
+
+    /// The layer lists must name layers that exist, each in one list only.
+    fn check_layer_lists(
+        &self,
+        num_layers: Option<usize>,
+        kda_layers: &[usize],
+        full_attn_layers: &[usize],
+    ) -> Result<()> {
+        let scope = self.scope;
+        if let Some(n) = num_layers {
+            for (key, list) in [
+                ("kda_layers", kda_layers),
+                ("full_attn_layers", full_attn_layers),
+            ] {
+                if let Some(&bad) = list.iter().find(|&&i| i >= n) {
+                    return Err(self.err(format!(
+                        "`{scope}linear_attn_config.{key}` holds {} but `{scope}num_hidden_layers` is {n}",
+                        bad + 1
+                    )));
+                }
+            }
+        }
+        if let Some(&both) = kda_layers.iter().find(|i| full_attn_layers.contains(i)) {
+            return Err(self.err(format!(
+                "layer {} (1-based) is in both `kda_layers` and `full_attn_layers`",
+                both + 1
+            )));
+        }
+        Ok(())
+    }
+
+    /// `rms_norm_eps`: required, a non-negative number.
+    fn rms_eps(&self, text: &Map<String, Value>) -> Result<f32> {
+        let scope = self.scope;
+        match text.get("rms_norm_eps") {
+            Some(v) => v
+                .as_f64()
+                .filter(|e| e.is_finite() && *e >= 0.0 && (*e as f32).is_finite())
+                .map(|e| e as f32)
+                .ok_or_else(|| {
+                    self.err(format!(
+                        "`{scope}rms_norm_eps` must be a non-negative number, found {}",
+                        short(v)
+                    ))
+                }),
+            None => Err(self.err(format!("lacks `{scope}rms_norm_eps`"))),
+        }
+    }
+
+    /// `(gate_lower_bound, use_full_rank_gate)`: K3 keeps them in `linear_attn_config`; they
+    /// are accepted one level up too.
+    fn gate_settings(
+        &self,
+        lin: &Map<String, Value>,
+        text: &Map<String, Value>,
+    ) -> Result<(Option<f32>, bool)> {
+        let pick = |key: &str| lin.get(key).or_else(|| text.get(key));
+        let lower_bound = match pick("gate_lower_bound") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_f64()
+                    .map(|b| b as f32)
+                    .filter(|b| b.is_finite() && *b < 0.0)
+                    .ok_or_else(|| {
+                        self.err(format!(
+                            "`gate_lower_bound` must be a finite negative number, found {}",
+                            short(v)
+                        ))
+                    })?,
+            ),
+        };
+        let full_rank_gate = match pick("use_full_rank_gate") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(self.err(format!(
+                    "`use_full_rank_gate` must be true or false, found {}",
+                    short(v)
+                )))
+            }
+        };
+        Ok((lower_bound, full_rank_gate))
     }
 
     fn usize_field(
@@ -164,16 +280,7 @@ fn short(v: &Value) -> String {
 impl ModelConfig {
     /// Parses the bytes of `config.json`; `file` names it in errors.
     pub fn parse(bytes: &[u8], file: &str) -> Result<Self> {
-        let top: Value = serde_json::from_slice(bytes).map_err(|e| HostError::Config {
-            file: file.to_string(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
-        let Value::Object(top) = top else {
-            return Err(HostError::Config {
-                file: file.to_string(),
-                reason: "not a JSON object".into(),
-            });
-        };
+        let top = json_object(bytes, file)?;
         let (text, layout, scope) = match top.get("text_config") {
             Some(Value::Object(t)) => (t, Layout::KimiK3, "text_config."),
             Some(Value::Null) | None => (&top, Layout::KimiLinear, ""),
@@ -185,100 +292,26 @@ impl ModelConfig {
             }
         };
         let c = Ctx { file, scope };
-        let lin = match text.get("linear_attn_config") {
-            Some(Value::Object(l)) => l,
-            Some(Value::Null) | None => {
-                return Err(c.err(format!(
-                    "lacks `{scope}linear_attn_config` (not a Kimi Linear / Kimi K3 config with KDA layers)"
-                )))
-            }
-            Some(v) => {
-                return Err(c.err(format!(
-                    "`{scope}linear_attn_config` must be an object, found {}",
-                    short(v)
-                )))
-            }
-        };
-        let hidden = c.positive(text, "hidden_size", "")?;
+        let lin = c.linear_attn_config(text)?;
         let num_layers = c.usize_field(text, "num_hidden_layers", "")?;
-        let heads = c.positive(lin, "num_heads", "linear_attn_config.")?;
-        let head_dim = c.positive(lin, "head_dim", "linear_attn_config.")?;
-        let conv_width = c.positive(lin, "short_conv_kernel_size", "linear_attn_config.")?;
         let kda_layers = c.layer_list(lin, "kda_layers", true)?;
         let full_attn_layers = c.layer_list(lin, "full_attn_layers", false)?;
-        if let Some(n) = num_layers {
-            for (key, list) in [
-                ("kda_layers", &kda_layers),
-                ("full_attn_layers", &full_attn_layers),
-            ] {
-                if let Some(&bad) = list.iter().find(|&&i| i >= n) {
-                    return Err(c.err(format!(
-                        "`{scope}linear_attn_config.{key}` holds {} but `{scope}num_hidden_layers` is {n}",
-                        bad + 1
-                    )));
-                }
-            }
-        }
-        if let Some(&both) = kda_layers.iter().find(|i| full_attn_layers.contains(i)) {
-            return Err(c.err(format!(
-                "layer {} (1-based) is in both `kda_layers` and `full_attn_layers`",
-                both + 1
-            )));
-        }
-        let rms_eps = match text.get("rms_norm_eps") {
-            Some(v) => v
-                .as_f64()
-                .filter(|e| e.is_finite() && *e >= 0.0 && (*e as f32).is_finite())
-                .map(|e| e as f32)
-                .ok_or_else(|| {
-                    c.err(format!(
-                        "`{scope}rms_norm_eps` must be a non-negative number, found {}",
-                        short(v)
-                    ))
-                })?,
-            None => return Err(c.err(format!("lacks `{scope}rms_norm_eps`"))),
-        };
-        // K3 keeps these in linear_attn_config; accept them one level up too.
-        let pick = |key: &str| lin.get(key).or_else(|| text.get(key));
-        let lower_bound = match pick("gate_lower_bound") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_f64()
-                    .map(|b| b as f32)
-                    .filter(|b| b.is_finite() && *b < 0.0)
-                    .ok_or_else(|| {
-                        c.err(format!(
-                            "`gate_lower_bound` must be a finite negative number, found {}",
-                            short(v)
-                        ))
-                    })?,
-            ),
-        };
-        let full_rank_gate = match pick("use_full_rank_gate") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => {
-                return Err(c.err(format!(
-                    "`use_full_rank_gate` must be true or false, found {}",
-                    short(v)
-                )))
-            }
-        };
-        let model_type = text
-            .get("model_type")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        c.check_layer_lists(num_layers, &kda_layers, &full_attn_layers)?;
+        let (lower_bound, full_rank_gate) = c.gate_settings(lin, text)?;
         let cfg = ModelConfig {
             layout,
-            model_type,
-            hidden,
+            model_type: text
+                .get("model_type")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            hidden: c.positive(text, "hidden_size", "")?,
             num_layers,
             kda_layers,
             full_attn_layers,
-            heads,
-            head_dim,
-            conv_width,
-            rms_eps,
+            heads: c.positive(lin, "num_heads", "linear_attn_config.")?,
+            head_dim: c.positive(lin, "head_dim", "linear_attn_config.")?,
+            conv_width: c.positive(lin, "short_conv_kernel_size", "linear_attn_config.")?,
+            rms_eps: c.rms_eps(text)?,
             lower_bound,
             full_rank_gate,
         };
