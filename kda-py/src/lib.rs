@@ -85,6 +85,7 @@ fn gate_form(gate: &str, lower_bound: Option<f32>) -> PyResult<Option<GateForm>>
 #[pyo3(signature = (q, k, v, g, beta, o, cu_seqlens, scale, *, a_log=None, dt_bias=None,
     initial_state=None, final_state=None, l2norm=false, gate="none", lower_bound=None,
     beta_factor=None, chunked=false, v_first=false, threads=None))]
+// The arguments of fla's chunk_kda / fused_recurrent_kda (as the Python wrapper passes them).
 #[allow(clippy::too_many_arguments)]
 fn delta_rule(
     py: Python<'_>,

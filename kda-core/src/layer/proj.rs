@@ -151,7 +151,7 @@ impl<'l, 'w> PostOp<'l, 'w> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn apply(&mut self, o: usize, v: f32) -> f32 {
         match self.post {
             Post::None => v,
@@ -170,6 +170,7 @@ impl<'l, 'w> PostOp<'l, 'w> {
 
 /// Stores outputs `first..first + vals.len()` of token `t`: as a slice where they land
 /// contiguously (one head of a head-major buffer, or a token-major row), else one by one.
+#[inline(always)]
 fn store(
     p: &Proj<'_, '_>,
     post: &mut PostOp<'_, '_>,

@@ -331,41 +331,17 @@ impl Checkpoint {
         Ok((GateTensors::LowRank(a, b), rank))
     }
 
-    /// Loads model layer `layer` (0-based; must be a KDA layer).
-    fn load_layer(&mut self, layer: usize) -> Result<ModelLayer> {
-        self.config.check_kda_layer(layer)?;
-        let c = &self.config;
-        let dims = Dims {
-            hidden: c.hidden,
-            heads: c.heads,
-            head_dim: c.head_dim,
-            conv_width: c.conv_width,
-        };
-        let full_rank = c.full_rank_gate;
-        let p = self.prefixes(layer);
-        let qkv = [
-            self.tensor(&p, "q_proj.weight", Role::ProjIn, &dims)?,
-            self.tensor(&p, "k_proj.weight", Role::ProjIn, &dims)?,
-            self.tensor(&p, "v_proj.weight", Role::ProjIn, &dims)?,
-        ];
-        let conv = [
-            self.tensor(&p, "q_conv1d.weight", Role::Conv, &dims)?,
-            self.tensor(&p, "k_conv1d.weight", Role::Conv, &dims)?,
-            self.tensor(&p, "v_conv1d.weight", Role::Conv, &dims)?,
-        ];
-        let a_log = self.tensor(&p, "A_log", Role::ALog, &dims)?;
-        let dt_bias = self.tensor(&p, "dt_bias", Role::DtBias, &dims)?;
-        let (decay_proj, decay_rank) =
-            self.low_rank(&p, "f_a_proj.weight", "f_b_proj.weight", &dims)?;
-        let b_proj = self.tensor(&p, "b_proj.weight", Role::Beta, &dims)?;
+    /// The output gate of the layer with tensor prefixes `p`: full rank or low rank as the
+    /// config says, with a hint at the config flag when the checkpoint has the other form.
+    fn output_gate(&mut self, p: &[String], dims: &Dims) -> Result<(GateTensors, usize)> {
+        let full_rank = self.config.full_rank_gate;
         let gate = if full_rank {
-            self.tensor(&p, "g_proj.weight", Role::ProjIn, &dims)
+            self.tensor(p, "g_proj.weight", Role::ProjIn, dims)
                 .map(|g| (GateTensors::FullRank(g), 0))
         } else {
-            self.low_rank(&p, "g_a_proj.weight", "g_b_proj.weight", &dims)
+            self.low_rank(p, "g_a_proj.weight", "g_b_proj.weight", dims)
         };
-        let (output_gate, out_rank) = match gate {
-            Ok(g) => g,
+        match gate {
             Err(HostError::MissingTensor { file, tensor, note }) => {
                 // Say which config flag would match the checkpoint.
                 let alt = if full_rank {
@@ -382,10 +358,39 @@ impl Checkpoint {
                 } else {
                     note
                 };
-                return Err(HostError::MissingTensor { file, tensor, note });
+                Err(HostError::MissingTensor { file, tensor, note })
             }
-            Err(e) => return Err(e),
+            other => other,
+        }
+    }
+
+    /// Loads model layer `layer` (0-based; must be a KDA layer).
+    fn load_layer(&mut self, layer: usize) -> Result<ModelLayer> {
+        self.config.check_kda_layer(layer)?;
+        let c = &self.config;
+        let dims = Dims {
+            hidden: c.hidden,
+            heads: c.heads,
+            head_dim: c.head_dim,
+            conv_width: c.conv_width,
         };
+        let p = self.prefixes(layer);
+        let qkv = [
+            self.tensor(&p, "q_proj.weight", Role::ProjIn, &dims)?,
+            self.tensor(&p, "k_proj.weight", Role::ProjIn, &dims)?,
+            self.tensor(&p, "v_proj.weight", Role::ProjIn, &dims)?,
+        ];
+        let conv = [
+            self.tensor(&p, "q_conv1d.weight", Role::Conv, &dims)?,
+            self.tensor(&p, "k_conv1d.weight", Role::Conv, &dims)?,
+            self.tensor(&p, "v_conv1d.weight", Role::Conv, &dims)?,
+        ];
+        let a_log = self.tensor(&p, "A_log", Role::ALog, &dims)?;
+        let dt_bias = self.tensor(&p, "dt_bias", Role::DtBias, &dims)?;
+        let (decay_proj, decay_rank) =
+            self.low_rank(&p, "f_a_proj.weight", "f_b_proj.weight", &dims)?;
+        let b_proj = self.tensor(&p, "b_proj.weight", Role::Beta, &dims)?;
+        let (output_gate, out_rank) = self.output_gate(&p, &dims)?;
         let o_norm = self.tensor(&p, "o_norm.weight", Role::Norm, &dims)?;
         let o_proj = self.tensor(&p, "o_proj.weight", Role::ProjOut, &dims)?;
         let cfg = self.config.layer_config(decay_rank, out_rank);
@@ -402,23 +407,7 @@ impl Checkpoint {
         };
         // Everything was checked tensor by tensor; this is the core's own check on top.
         tensors.weights(&cfg, &self.files)?;
-        let all = tensors.all();
-        let copied: Vec<&str> = all
-            .iter()
-            .filter(|t| !t.in_place())
-            .map(|t| t.name.as_str())
-            .collect();
-        log::debug(format_args!(
-            "layer {layer}: {} tensors, {} in place, {} copied{}",
-            all.len(),
-            all.len() - copied.len(),
-            copied.len(),
-            if copied.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", copied.join(", "))
-            }
-        ));
+        log_placement(layer, &tensors);
         Ok(ModelLayer {
             index: layer,
             cfg,
@@ -447,4 +436,26 @@ impl Checkpoint {
             loaded,
         ))
     }
+}
+
+/// Logs (at debug level) how many of a layer's tensors are used in place and which were
+/// copied.
+fn log_placement(layer: usize, tensors: &LayerTensors) {
+    let all = tensors.all();
+    let copied: Vec<&str> = all
+        .iter()
+        .filter(|t| !t.in_place())
+        .map(|t| t.name.as_str())
+        .collect();
+    log::debug(format_args!(
+        "layer {layer}: {} tensors, {} in place, {} copied{}",
+        all.len(),
+        all.len() - copied.len(),
+        copied.len(),
+        if copied.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", copied.join(", "))
+        }
+    ));
 }
