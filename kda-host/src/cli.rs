@@ -120,8 +120,8 @@ pub enum Command {
         /// length) in the file given by --snapshots.
         #[arg(long, value_name = "S", requires = "snapshots")]
         snapshot_every: Option<usize>,
-        /// Snapshot file: `snapshot_seq` I64 [M], `snapshot_pos` I64 [M], `recurrent_state`
-        /// F32 [M,H,K,V], `conv_state_{q,k,v}` F32 [M,H·K,W−1], in order of sequence then
+        /// Snapshot file: `snapshot_seq` I64 `[M]`, `snapshot_pos` I64 `[M]`, `recurrent_state`
+        /// F32 `[M,H,K,V]`, `conv_state_{q,k,v}` F32 `[M,H·K,W−1]`, in order of sequence then
         /// position. Written only when the whole run succeeded.
         #[arg(long, value_name = "OUT", requires = "snapshot_every")]
         snapshots: Option<PathBuf>,
