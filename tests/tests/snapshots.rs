@@ -69,27 +69,6 @@ fn run(
     Run { out, caches, snaps }
 }
 
-/// Sequence `s`'s caches out of `all`, as a one-sequence cache.
-fn one(cfg: &KdaConfig, all: &SequenceCaches, s: usize) -> SequenceCaches {
-    let mut c = SequenceCaches::new(cfg, 1).unwrap();
-    let (sl, cl) = (cfg.state_len().unwrap(), cfg.conv_state_len().unwrap());
-    c.recurrent
-        .copy_from_slice(&all.recurrent[s * sl..(s + 1) * sl]);
-    for (dst, src) in [
-        (&mut c.conv_q, &all.conv_q),
-        (&mut c.conv_k, &all.conv_k),
-        (&mut c.conv_v, &all.conv_v),
-    ] {
-        dst.copy_from_slice(&src[s * cl..(s + 1) * cl]);
-    }
-    c
-}
-
-/// A one-sequence cache holding snapshot `m`.
-fn from_snapshot(cfg: &KdaConfig, snaps: &SequenceCaches, m: usize) -> SequenceCaches {
-    one(cfg, snaps, m)
-}
-
 fn random_positions(cu: &[usize], rng: &mut Rng) -> Vec<SnapshotPos> {
     let mut at = Vec::new();
     for (seq, p) in cu.windows(2).enumerate() {
@@ -167,7 +146,7 @@ fn snapshots_equal_prefix_runs_and_resuming_equals_the_full_run() {
                         let (s0, s1) = (cu[p.seq], cu[p.seq] + p.pos);
                         let h = cfg.hidden;
                         // The prefix alone, from the same initial caches.
-                        let start = one(&cfg, &init, p.seq);
+                        let start = init.sequence(p.seq).unwrap();
                         let prefix =
                             run(&layer, &x[s0 * h..s1 * h], &[0, p.pos], &start, None, block);
                         let got = snapshot(&cfg, &with.snaps, m);
@@ -185,7 +164,7 @@ fn snapshots_equal_prefix_runs_and_resuming_equals_the_full_run() {
                         }
                         // Resuming from the snapshot gives the rest of the full run.
                         let end = cu[p.seq + 1];
-                        let resume = from_snapshot(&cfg, &with.snaps, m);
+                        let resume = with.snaps.sequence(m).unwrap();
                         let rest = run(
                             &layer,
                             &x[s1 * h..end * h],
@@ -195,7 +174,7 @@ fn snapshots_equal_prefix_runs_and_resuming_equals_the_full_run() {
                             block,
                         );
                         let full_rest = &with.out[s1 * h..end * h];
-                        let full_caches = flat_caches(&one(&cfg, &with.caches, p.seq));
+                        let full_caches = flat_caches(&with.caches.sequence(p.seq).unwrap());
                         if !exact {
                             let e = rel(&rest.out, full_rest);
                             assert!(e <= 1e-5, "{what} resume {p:?}: {e:.2e}");

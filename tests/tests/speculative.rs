@@ -10,22 +10,6 @@ use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
 use proptest::prelude::*;
 
-/// Sequence `s` of `all` as a one-sequence cache.
-fn one(cfg: &KdaConfig, all: &SequenceCaches, s: usize) -> SequenceCaches {
-    let mut c = SequenceCaches::new(cfg, 1).unwrap();
-    let (sl, cl) = (cfg.state_len().unwrap(), cfg.conv_state_len().unwrap());
-    c.recurrent
-        .copy_from_slice(&all.recurrent[s * sl..(s + 1) * sl]);
-    for (dst, src) in [
-        (&mut c.conv_q, &all.conv_q),
-        (&mut c.conv_k, &all.conv_k),
-        (&mut c.conv_v, &all.conv_v),
-    ] {
-        dst.copy_from_slice(&src[s * cl..(s + 1) * cl]);
-    }
-    c
-}
-
 /// `n` decode steps of one sequence from `caches`: the outputs.
 fn decode(layer: &KdaLayer<'_>, x: &[f32], n: usize, caches: &mut SequenceCaches) -> Vec<f32> {
     let h = layer.config().hidden;
@@ -84,7 +68,7 @@ fn verify_commit_matches_decode(
         .commit(&rollback, accepted, caches.as_mut(), &mut cws, &Serial)
         .unwrap();
     for (s, &acc) in accepted.iter().enumerate() {
-        let mut want = one(&cfg, &before, s);
+        let mut want = before.sequence(s).unwrap();
         let xs = &x[s * d * h..(s + 1) * d * h];
         let outs = decode(layer, xs, acc, &mut want);
         assert_eq!(
@@ -93,7 +77,7 @@ fn verify_commit_matches_decode(
             "outputs of seq {s}, n {acc}"
         );
         assert_eq!(
-            flat_caches(&one(&cfg, caches, s)),
+            flat_caches(&caches.sequence(s).unwrap()),
             flat_caches(&want),
             "caches of seq {s}, n {acc}, D {d}"
         );
