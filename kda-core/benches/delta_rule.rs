@@ -59,41 +59,29 @@ fn inputs(t: usize) -> Inputs {
     }
 }
 
-fn run_recurrent(isa: Isa, x: &Inputs, v: &mut [f32], s: &mut [f32], scr: &mut [f32]) {
-    v.copy_from_slice(&x.v);
-    recurrent_head(
-        isa,
+impl Inputs {
+    /// The kernels' view of the inputs, with values `v` and state `s`.
+    fn rows<'a>(&'a self, v: &'a mut [f32], s: &'a mut [f32]) -> HeadRows<'a> {
         HeadRows {
-            q: &x.q,
-            k: &x.k,
-            g: &x.g,
-            beta: &x.beta,
+            q: &self.q,
+            k: &self.k,
+            g: &self.g,
+            beta: &self.beta,
             v_o: v,
             state: s,
             scale: 0.088,
-        },
-        scr,
-    )
-    .unwrap();
+        }
+    }
+}
+
+fn run_recurrent(isa: Isa, x: &Inputs, v: &mut [f32], s: &mut [f32], scr: &mut [f32]) {
+    v.copy_from_slice(&x.v);
+    recurrent_head(isa, x.rows(v, s), scr).unwrap();
 }
 
 fn run_chunked(isa: Isa, c: usize, x: &Inputs, v: &mut [f32], s: &mut [f32], scr: &mut [f32]) {
     v.copy_from_slice(&x.v);
-    chunked_head(
-        isa,
-        HeadRows {
-            q: &x.q,
-            k: &x.k,
-            g: &x.g,
-            beta: &x.beta,
-            v_o: v,
-            state: s,
-            scale: 0.088,
-        },
-        Chunks { size: c, first: c },
-        scr,
-    )
-    .unwrap();
+    chunked_head(isa, x.rows(v, s), Chunks::of(c), scr).unwrap();
 }
 
 #[path = "common/peak.rs"]
@@ -191,20 +179,7 @@ fn decode_recurrence(isa: Isa) {
     let mut step = || {
         for st in s.chunks_exact_mut(K * K) {
             v.copy_from_slice(&x.v);
-            recurrent_head(
-                isa,
-                HeadRows {
-                    q: &x.q,
-                    k: &x.k,
-                    g: &x.g,
-                    beta: &x.beta,
-                    v_o: &mut v,
-                    state: st,
-                    scale: 0.088,
-                },
-                &mut scr,
-            )
-            .unwrap();
+            recurrent_head(isa, x.rows(&mut v, st), &mut scr).unwrap();
         }
     };
     step();

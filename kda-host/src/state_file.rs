@@ -394,7 +394,7 @@ mod streamed_tests {
         bad_json[9] = b'!';
         cases.push(bad_json);
         for (i, b) in cases.iter().enumerate() {
-            std::fs::write(&p, b).unwrap();
+            crate::fsio::write_bytes(&p, b).unwrap();
             let streamed = read_state(&p, &cfg, Some(3));
             let parsed = parse_state(b, &p.display().to_string(), &cfg, Some(3));
             match (&streamed, &parsed) {
@@ -405,7 +405,7 @@ mod streamed_tests {
             assert_eq!(streamed.is_ok(), i == 0, "case {i}: {streamed:?}");
         }
         assert!(read_state(&p, &cfg, None).is_err());
-        std::fs::write(&p, &good).unwrap();
+        crate::fsio::write_bytes(&p, &good).unwrap();
         assert_eq!(read_state(&p, &cfg, None).unwrap(), c);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -352,8 +352,7 @@ impl<'w> KdaLayer<'w> {
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
         let Batch { x, cu_seqlens, out } = batch;
-        let tokens = rows_of("x", x.len(), self.cfg.hidden)?;
-        check_len("out", out.len(), x.len())?;
+        let tokens = self.rows(x, out)?;
         let n = validate_offsets(cu_seqlens, tokens)?;
         caches.validate(&self.cfg, n)?;
         let seqs = Sequences::Offsets(cu_seqlens);
@@ -389,8 +388,7 @@ impl<'w> KdaLayer<'w> {
         workspace: &mut [f32],
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
-        let n = rows_of("x", x.len(), self.cfg.hidden)?;
-        check_len("out", out.len(), x.len())?;
+        let n = self.rows(x, out)?;
         caches.validate(&self.cfg, n)?;
         let needs = Needs::default();
         let size = BlockSize::fit(&self.cfg, workspace.len(), n, needs, exec.workers(), 1)?;
@@ -414,10 +412,7 @@ impl<'w> KdaLayer<'w> {
         drafts: usize,
         workers: usize,
     ) -> Result<usize, KdaError> {
-        let needs = Needs {
-            chunk: None,
-            verify: true,
-        };
+        let needs = Needs::verify();
         let tokens = crate::error::mul("workspace", batch.max(1), drafts.max(1))?;
         plan::workspace_for(&self.cfg, needs, tokens, workers)
     }
@@ -444,8 +439,7 @@ impl<'w> KdaLayer<'w> {
                 reason: "must be at least 1",
             });
         }
-        let tokens = rows_of("x", x.len(), self.cfg.hidden)?;
-        check_len("out", out.len(), x.len())?;
+        let tokens = self.rows(x, out)?;
         let n = rows_of("x (rows per sequence: drafts)", tokens, d)?;
         caches.validate(&self.cfg, n)?;
         check_len(
@@ -453,10 +447,7 @@ impl<'w> KdaLayer<'w> {
             rollback.data.len(),
             rollback_len(&self.cfg, n, d)?,
         )?;
-        let needs = Needs {
-            chunk: None,
-            verify: true,
-        };
+        let needs = Needs::verify();
         let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, needs, exec.workers(), d)?;
         let views = VerifyViews {
             record: Shared::new(rollback.data),
@@ -499,15 +490,19 @@ impl<'w> KdaLayer<'w> {
             });
         }
         let views = CommitViews {
-            states: Shared::new(caches.recurrent),
-            conv: [
-                Shared::new(caches.conv_q),
-                Shared::new(caches.conv_k),
-                Shared::new(caches.conv_v),
-            ],
+            caches: CacheViews::new(caches),
             scratch: Shared::new(workspace),
         };
         speculative::commit_all(&self.cfg, self.isa, rollback, accepted, &views, exec)
+    }
+}
+
+impl KdaLayer<'_> {
+    /// The rows of `x` (`[T, hidden]`), with `out` checked to match.
+    fn rows(&self, x: &[f32], out: &[f32]) -> Result<usize, KdaError> {
+        let tokens = rows_of("x", x.len(), self.cfg.hidden)?;
+        check_len("out", out.len(), x.len())?;
+        Ok(tokens)
     }
 }
 

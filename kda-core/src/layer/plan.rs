@@ -71,6 +71,14 @@ impl Needs {
             verify: false,
         }
     }
+
+    /// The needs of a speculative verify (recurrent, with private cache copies).
+    pub(crate) fn verify() -> Self {
+        Needs {
+            chunk: None,
+            verify: true,
+        }
+    }
 }
 
 /// f32 elements a verify task needs for its copy of one head's recurrent state (`K·K`) and

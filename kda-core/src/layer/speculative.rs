@@ -18,7 +18,7 @@ use crate::ops::recurrent::{replay_step, ReplayToken};
 use crate::simd::{self, Isa};
 
 use super::task::{SeqHead, Views};
-use super::KdaLayer;
+use super::{CacheViews, KdaLayer};
 
 /// f32 elements of the record of one (sequence, head) for `drafts` tokens and key dim `k`
 /// (value dim `k` too): `drafts · (5k + k + 1)`.
@@ -230,10 +230,9 @@ impl VerifyTask<'_> {
     }
 }
 
-/// The caches of a commit, shared by its (sequence, head) tasks.
+/// The caches of a commit and its workers' scratch, shared by its (sequence, head) tasks.
 pub(super) struct CommitViews<'a> {
-    pub(super) states: Shared<'a>,
-    pub(super) conv: [Shared<'a>; 3],
+    pub(super) caches: CacheViews<'a>,
     pub(super) scratch: Shared<'a>,
 }
 
@@ -256,19 +255,26 @@ pub(super) fn commit_all(
     let first_error = FirstError::default();
     exec.run(accepted.len() * h, &|task, worker| {
         let (s, head) = (task / h, task % h);
-        let rec = &rollback.data[task * per_head..(task + 1) * per_head];
         // SAFETY: each task owns its (sequence, head) slice of each cache and the scratch of
         // its worker (Executor contract).
         let r = unsafe {
             (|| {
-                let state = views
-                    .states
-                    .slice("recurrent state", (s * h + head) * k * k, k * k)?;
+                let rec = rollback
+                    .data
+                    .get(task * per_head..(task + 1) * per_head)
+                    .ok_or(KdaError::Internal {
+                        what: "rollback record",
+                    })?;
+                let caches = &views.caches;
+                let state =
+                    caches
+                        .states
+                        .slice("recurrent state", (s * h + head) * k * k, k * k)?;
                 let at = (s * h + head) * k * hist;
                 let conv = [
-                    views.conv[0].slice("q conv state", at, k * hist)?,
-                    views.conv[1].slice("k conv state", at, k * hist)?,
-                    views.conv[2].slice("v conv state", at, k * hist)?,
+                    caches.conv[0].slice("q conv state", at, k * hist)?,
+                    caches.conv[1].slice("k conv state", at, k * hist)?,
+                    caches.conv[2].slice("v conv state", at, k * hist)?,
                 ];
                 let scratch = views
                     .scratch

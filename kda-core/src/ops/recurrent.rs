@@ -37,28 +37,16 @@ pub(crate) fn step_unchecked(rows: HeadRows<'_>, out: &mut [f32]) {
         beta: rows.beta[0],
         scale: rows.scale,
     };
-    // One key row at a time, so the decay factors need no scratch.
     let (v, state) = (rows.v_o, rows.state);
-    let vd = v.len();
-    if vd == 0 {
+    if v.is_empty() {
         return;
     }
+    // Pass 1 one key row at a time, so the decay factors need no scratch.
     out.fill(0.0);
-    for ((row, &k), &g) in state.chunks_exact_mut(vd).zip(token.k).zip(rows.g) {
+    for ((row, &k), &g) in state.chunks_exact_mut(v.len()).zip(token.k).zip(rows.g) {
         simd::decay_predict(Isa::Portable, row, exp(g), k, out);
     }
-    for (x, p) in v.iter_mut().zip(out.iter()) {
-        *x = token.beta * (*x - *p);
-    }
-    out.fill(0.0);
-    simd::write_read_rows(
-        Isa::Portable,
-        state,
-        token.k,
-        v,
-        (token.q, token.scale),
-        out,
-    );
+    write_and_read(Isa::Portable, state, &token, v, out);
 }
 
 /// f32 elements of scratch [`recurrent_head`] needs for key dim `k` and value dim `v`.
@@ -166,6 +154,13 @@ fn fused_step(
     }
     out.fill(0.0);
     simd::decay_predict_rows(isa, state, t.k, decay, out);
+    write_and_read(isa, state, t, v, out);
+}
+
+/// The rest of a token once pass 1 has left the prediction `p` in `out`: `v ← β(v − p)` (δ),
+/// then pass 2 writes `S += k δᵀ` and reads `o` into `out`.
+#[inline]
+fn write_and_read(isa: Isa, state: &mut [f32], t: &Token<'_>, v: &mut [f32], out: &mut [f32]) {
     for (x, p) in v.iter_mut().zip(out.iter()) {
         *x = t.beta * (*x - *p);
     }
