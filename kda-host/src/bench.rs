@@ -202,6 +202,20 @@ pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<Bandwidth> {
     })
 }
 
+/// The single-core f32 FMA peak in GFLOP/s (2 per FMA), best of five ~20 ms runs with the
+/// widest vectors of the detected ISA.
+pub fn measure_fma_peak() -> f64 {
+    let isa = kda_core::Isa::detect();
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            let (fmas, keep) = kda_core::internals::fma_peak(isa, 200_000);
+            std::hint::black_box(keep);
+            2.0 * fmas as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Weight multiply-adds per token (every matrix and conv element once).
 pub fn weight_macs(layer: &OwnedLayer) -> usize {
     let m = |g: &OwnedGate| match g {
@@ -335,8 +349,19 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         caches,
         rng: Rng::new(opts.seed ^ 0xbe9c),
     };
+    let peak = measure_fma_peak();
     let (dt, sum_sq) = bench.prefill(&mut slice_buf)?;
     report_prefill(out, opts, &layer, dt, sum_sq)?;
+    let gflops = (opts.prompt * opts.batch) as f64 * flops_per_token(&layer) / dt / 1e9;
+    line(
+        out,
+        format!(
+            "prefill vs the FMA peak measured now ({peak:.1} GFLOP/s per core, {} loads, x {} thread(s)): {:.0}%",
+            kda_core::Isa::detect().name(),
+            opts.threads,
+            100.0 * gflops / (peak * opts.threads as f64)
+        ),
+    )?;
     let (dt, last) = bench.decode()?;
     report_decode(out, opts, &layer, dt, &bw)?;
     if !last.iter().all(|v| v.is_finite()) || !sum_sq.is_finite() {
