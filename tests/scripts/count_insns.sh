@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Instructions per decode token and per prefill chunk, counted under QEMU user mode (issue 16).
+#
+#   tests/scripts/count_insns.sh [--arch aarch64|x86_64] [--isa LIST] [--out FILE]
+#
+# Builds the probe (tests/src/bin/insn_probe.rs, release) for the architecture and the QEMU
+# plugin (tests/qemu-insn/insn_count.c), runs the probe under qemu-ARCH with the plugin for two
+# values of N per workload, and reports (count(N2) − count(N1)) / (N2 − N1): weight
+# generation, start-up and first-call costs cancel. LIST is comma-separated ISA names for the
+# probe (default "portable,best"; "best" is whatever the emulated CPU's best path is, so a
+# duplicate of an earlier column is dropped). Prints a Markdown table; --out also writes it.
+#
+# Needs: gcc, qemu-user (7.2+, with plugin support), and for aarch64 the cross linker
+# gcc-aarch64-linux-gnu with libc6-dev-arm64-cross (.ci/aarch64.sh installs them).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+
+ARCH=aarch64
+ISAS=portable,best
+OUT_FILE=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --arch) ARCH=$2; shift 2 ;;
+    --isa) ISAS=$2; shift 2 ;;
+    --out) OUT_FILE=$2; shift 2 ;;
+    *) echo "count_insns.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+case "$ARCH" in
+aarch64)
+    TRIPLE=aarch64-unknown-linux-gnu
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+    QEMU=(qemu-aarch64 -L /usr/aarch64-linux-gnu)
+    ;;
+x86_64)
+    TRIPLE=x86_64-unknown-linux-gnu
+    QEMU=(qemu-x86_64 -cpu max)
+    ;;
+*) echo "count_insns.sh: --arch must be aarch64 or x86_64" >&2; exit 2 ;;
+esac
+
+# Workloads: name, the two values of N, and extra probe arguments.
+DECODE_N=(1 3)
+PREFILL_N=(2 6)
+
+WORK="$ROOT/target/qemu-insn"
+mkdir -p "$WORK"
+PLUGIN="$WORK/insn_count.so"
+gcc -O2 -Wall -Wextra -Werror -shared -fPIC -fvisibility=hidden \
+    -o "$PLUGIN" tests/qemu-insn/insn_count.c
+cargo build -q --release -p kda-conformance --bin insn_probe --target "$TRIPLE"
+PROBE="$ROOT/target/$TRIPLE/release/insn_probe"
+
+# count ISA WORKLOAD N: prints the instructions of one probe run; leaves its stdout in $WORK.
+count() {
+    local log="$WORK/$1-$2-$3.log" cnt="$WORK/$1-$2-$3.count"
+    rm -f "$cnt"
+    "${QEMU[@]}" -plugin "$PLUGIN,out=$cnt" "$PROBE" "$1" "$2" "$3" >"$log"
+    sed -n 's/^insns //p' "$cnt"
+}
+
+# per_unit ISA WORKLOAD: instructions per unit by differencing two runs.
+per_unit() {
+    local -n ns=$3
+    local a b
+    a=$(count "$1" "$2" "${ns[0]}")
+    b=$(count "$1" "$2" "${ns[1]}")
+    echo $(((b - a) / (ns[1] - ns[0])))
+}
+
+field() { sed -n "s/^$2 //p" "$1" | head -1; }
+
+declare -A SEEN=()
+ROWS=()
+IFS=, read -r -a ISA_LIST <<<"$ISAS"
+for isa in "${ISA_LIST[@]}"; do
+    dec=$(per_unit "$isa" decode DECODE_N)
+    pre=$(per_unit "$isa" prefill PREFILL_N)
+    dlog="$WORK/$isa-decode-${DECODE_N[0]}.log"
+    plog="$WORK/$isa-prefill-${PREFILL_N[0]}.log"
+    name=$(field "$dlog" isa | cut -d' ' -f1)
+    if [ -n "${SEEN[$name]:-}" ]; then
+        echo "($isa is $name on this CPU: already counted)"
+        continue
+    fi
+    SEEN[$name]=1
+    ROWS+=("$name|$dec|$pre|$(field "$dlog" flops_per_unit)|$(field "$dlog" bytes_per_unit)|$(field "$plog" flops_per_unit)|$(field "$plog" bytes_per_unit)")
+done
+echo "probe: $(field "$WORK/${ISA_LIST[0]}-decode-${DECODE_N[0]}.log" workload)"
+echo "probe: $(field "$WORK/${ISA_LIST[0]}-prefill-${PREFILL_N[0]}.log" workload)"
+
+table() {
+    echo "| $ARCH path | decode: insns/token | prefill: insns/chunk (1 head) | decode FLOPs/insn | prefill FLOPs/insn |"
+    echo "|---|---:|---:|---:|---:|"
+    for r in "${ROWS[@]}"; do
+        IFS='|' read -r name dec pre dflops _ pflops _ <<<"$r"
+        awk -v n="$name" -v d="$dec" -v p="$pre" -v df="$dflops" -v pf="$pflops" 'BEGIN {
+            printf "| %s | %.4g M | %.4g M | %.2f | %.2f |\n", n, d / 1e6, p / 1e6, df / d, pf / p }'
+    done
+    IFS='|' read -r _ _ _ dflops dbytes pflops pbytes <<<"${ROWS[0]}"
+    awk -v df="$dflops" -v db="$dbytes" -v pf="$pflops" -v pb="$pbytes" 'BEGIN {
+        printf "\ndecode: %.4g MFLOP/token over %.4g MB/token (bf16 weights once + f32 state read and written) = %.2f FLOP/byte\n", df / 1e6, db / 1e6, df / db
+        printf "prefill: %.4g MFLOP/chunk/head over %.4g kB/chunk/head (inputs, outputs, state) = %.1f FLOP/byte\n", pf / 1e6, pb / 1e3, pf / pb }'
+}
+table | tee "${OUT_FILE:-/dev/null}"
