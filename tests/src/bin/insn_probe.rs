@@ -18,11 +18,11 @@
 
 use std::process::ExitCode;
 
+use half::bf16;
 use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks};
 use kda_core::ops::HeadRows;
-use kda_core::{CachesMut, ForwardOptions, Isa, KdaConfig, Serial, DEFAULT_CHUNK};
-use half::bf16;
 use kda_core::GateProj;
+use kda_core::{CachesMut, ForwardOptions, Isa, KdaConfig, Serial, DEFAULT_CHUNK};
 use kda_host::bench::{decode_bytes_per_step, flops_per_token, Preset};
 use kda_host::rng::Rng;
 use kda_host::{OwnedData, OwnedGate, OwnedLayer, OwnedMat};
@@ -57,7 +57,9 @@ fn run(args: Vec<String>) -> Result<(), String> {
         ("decode", []) => decode(isa, n),
         ("prefill", []) => prefill(isa, n, DEFAULT_CHUNK),
         ("prefill", [c]) => prefill(isa, n, parse_count(c, "CHUNK", HEAD)?),
-        _ => Err(format!("unknown workload or extra arguments: {what} {rest:?}")),
+        _ => Err(format!(
+            "unknown workload or extra arguments: {what} {rest:?}"
+        )),
     }
 }
 
@@ -80,7 +82,9 @@ fn parse_isa(name: &str) -> Result<Isa, String> {
 fn parse_count(s: &str, what: &str, most: usize) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(v) if (1..=most).contains(&v) => Ok(v),
-        _ => Err(format!("{what} must be an integer from 1 to {most}, got {s:?}")),
+        _ => Err(format!(
+            "{what} must be an integer from 1 to {most}, got {s:?}"
+        )),
     }
 }
 
@@ -151,13 +155,18 @@ fn cheap_layer(cfg: KdaConfig) -> OwnedLayer {
     let (qkv, b_proj, o_proj) = ([mat(d, hd), mat(d, hd), mat(d, hd)], mat(h, hd), mat(hd, d));
     let w = cfg.conv_width;
     let conv = [0, 1, 2].map(|_| OwnedData::Bf16(draws(d * w, 0.5)));
-    let o_norm = draws(cfg.head_dim, 0.1).iter().map(|v| bf16::from_f32(1.0 + v.to_f32())).collect();
+    let o_norm = draws(cfg.head_dim, 0.1)
+        .iter()
+        .map(|v| bf16::from_f32(1.0 + v.to_f32()))
+        .collect();
     OwnedLayer {
         cfg,
         qkv,
         conv,
         // A = e^{A_log} in [1, 16] as the random layer; dt_bias for dt ≈ 0.01 (softplus⁻¹).
-        a_log: Some(OwnedData::F32((0..h).map(|i| (1.0 + (i % 16) as f32).ln()).collect())),
+        a_log: Some(OwnedData::F32(
+            (0..h).map(|i| (1.0 + (i % 16) as f32).ln()).collect(),
+        )),
         dt_bias: Some(OwnedData::F32(vec![-4.6; d])),
         decay_proj,
         b_proj,
