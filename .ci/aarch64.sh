@@ -5,7 +5,8 @@
 #   under QEMU user mode every kda-core test and the conformance suite against the fla
 #   fixtures (the every_layer_fixture table printed), on every kernel path the emulated CPU
 #   (QEMU's "max": every ARMv8/v9 extension QEMU implements) supports.
-# * Type-checks kda-core and kda-host for aarch64-apple-darwin (no Linux-only code in them).
+# * Lints kda-core, kda-host and the conformance crate for aarch64 (clippy -D warnings), and
+#   type-checks kda-core and kda-host for aarch64-apple-darwin (no Linux-only code in them).
 # * Validates the QEMU instruction-count plugin (tests/qemu-insn/insn_count.c) against
 #   valgrind on an x86-64 program, then counts instructions per decode token and per prefill
 #   chunk on aarch64 (tests/scripts/count_insns.sh; the table is in the README).
@@ -62,6 +63,9 @@ grep -E '^test result|^     Running' "$LOGS/conformance.log"
 
 step "conformance table under qemu-aarch64: every backend vs the fla fixtures"
 cargo test -p kda-conformance --target "$TRIPLE" --test layer_fixtures -- --nocapture every_layer_fixture
+
+step "clippy for aarch64 (cfg(target_arch) code the x86-64 clippy step never sees)"
+cargo clippy -p kda-core -p kda-host -p kda-conformance --all-targets --target "$TRIPLE" -- -D warnings
 
 step "cargo check for aarch64-apple-darwin: kda-core (no_std) and kda-host"
 cargo check --target aarch64-apple-darwin -p kda-core
