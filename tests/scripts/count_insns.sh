@@ -41,7 +41,7 @@ x86_64)
 *) echo "count_insns.sh: --arch must be aarch64 or x86_64" >&2; exit 2 ;;
 esac
 
-# Workloads: name, the two values of N, and extra probe arguments.
+# The two values of N per workload.
 DECODE_N=(1 3)
 PREFILL_N=(2 6)
 
@@ -56,19 +56,29 @@ cargo build -q --release -p kda-conformance --bin insn_probe --target "$TRIPLE"
 PROBE="$TARGET_DIR/$TRIPLE/release/insn_probe"
 
 # count ISA WORKLOAD N: prints the instructions of one probe run; leaves its stdout in $WORK.
+# Fails (with the probe's output) when the probe fails or the plugin wrote no count.
 count() {
-    local log="$WORK/$1-$2-$3.log" cnt="$WORK/$1-$2-$3.count"
+    local log="$WORK/$1-$2-$3.log" cnt="$WORK/$1-$2-$3.count" n
     rm -f "$cnt"
-    "${QEMU[@]}" -plugin "$PLUGIN,out=$cnt" "$PROBE" "$1" "$2" "$3" >"$log"
-    sed -n 's/^insns //p' "$cnt"
+    if ! "${QEMU[@]}" -plugin "$PLUGIN,out=$cnt" "$PROBE" "$1" "$2" "$3" >"$log" 2>&1; then
+        echo "count_insns.sh: the probe failed: $1 $2 $3" >&2
+        cat "$log" >&2
+        return 1
+    fi
+    n=$(sed -n 's/^insns \([0-9][0-9]*\)$/\1/p' "$cnt" 2>/dev/null || true)
+    if [ -z "$n" ]; then
+        echo "count_insns.sh: the plugin wrote no count for $1 $2 $3 ($cnt)" >&2
+        return 1
+    fi
+    echo "$n"
 }
 
-# per_unit ISA WORKLOAD: instructions per unit by differencing two runs.
+# per_unit ISA WORKLOAD N-ARRAY: instructions per unit by differencing two runs.
 per_unit() {
     local -n ns=$3
     local a b
-    a=$(count "$1" "$2" "${ns[0]}")
-    b=$(count "$1" "$2" "${ns[1]}")
+    a=$(count "$1" "$2" "${ns[0]}") || return 1
+    b=$(count "$1" "$2" "${ns[1]}") || return 1
     echo $(((b - a) / (ns[1] - ns[0])))
 }
 
@@ -79,14 +89,19 @@ ROWS=()
 IFS=, read -r -a ISA_LIST <<<"$ISAS"
 for isa in "${ISA_LIST[@]}"; do
     # The path's own name, from a cheap run (so "best" is not counted twice).
-    name=$("${QEMU[@]}" "$PROBE" "$isa" prefill 1 | sed -n 's/^isa \([^ ]*\).*/\1/p')
+    name=$("${QEMU[@]}" "$PROBE" "$isa" prefill 1 2>/dev/null | sed -n 's/^isa \([^ ]*\).*/\1/p') || true
+    if [ -z "$name" ]; then
+        "${QEMU[@]}" "$PROBE" "$isa" prefill 1 >&2 || true
+        echo "count_insns.sh: no path named $isa on this CPU" >&2
+        exit 1
+    fi
     if [ -n "${SEEN[$name]:-}" ]; then
         echo "($isa is $name on this CPU: already counted)"
         continue
     fi
     SEEN[$name]=1
-    dec=$(per_unit "$isa" decode DECODE_N)
-    pre=$(per_unit "$isa" prefill PREFILL_N)
+    dec=$(per_unit "$isa" decode DECODE_N) || exit 1
+    pre=$(per_unit "$isa" prefill PREFILL_N) || exit 1
     dlog="$WORK/$isa-decode-${DECODE_N[0]}.log"
     plog="$WORK/$isa-prefill-${PREFILL_N[0]}.log"
     ROWS+=("$name|$dec|$pre|$(field "$dlog" flops_per_unit)|$(field "$dlog" bytes_per_unit)|$(field "$plog" flops_per_unit)|$(field "$plog" bytes_per_unit)")
