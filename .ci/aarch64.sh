@@ -90,6 +90,9 @@ Q3=$(qemu_count 3000000)
 V1=$(valgrind_count 1000000)
 V3=$(valgrind_count 3000000)
 echo "whole runs, 1e6 / 3e6 iterations: qemu plugin $Q1 / $Q3, valgrind $V1 / $V3"
+for c in "$Q1" "$Q3" "$V1" "$V3"; do
+    [[ "$c" =~ ^[0-9]+$ ]] || { echo "a count is missing (plugin or valgrind failed)"; exit 1; }
+done
 awk -v q=$((Q3 - Q1)) -v v=$((V3 - V1)) 'BEGIN {
     printf "difference (the loop alone): qemu plugin %d, valgrind %d, relative gap %.2e\n", q, v, (q - v) / v
     if (q - v > v * 1e-3 || v - q > v * 1e-3) { print "instruction counter disagrees with valgrind"; exit 1 } }'
