@@ -19,7 +19,7 @@
 use std::process::ExitCode;
 
 use half::bf16;
-use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks};
+use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks, MAX_CHUNK};
 use kda_core::ops::HeadRows;
 use kda_core::GateProj;
 use kda_core::{CachesMut, ForwardOptions, Isa, KdaConfig, Serial, DEFAULT_CHUNK};
@@ -56,7 +56,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
     match (what.as_str(), rest) {
         ("decode", []) => decode(isa, n),
         ("prefill", []) => prefill(isa, n, DEFAULT_CHUNK),
-        ("prefill", [c]) => prefill(isa, n, parse_count(c, "CHUNK", HEAD)?),
+        ("prefill", [c]) => prefill(isa, n, parse_count(c, "CHUNK", MAX_CHUNK)?),
         _ => Err(format!(
             "unknown workload or extra arguments: {what} {rest:?}"
         )),
