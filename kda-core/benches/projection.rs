@@ -165,6 +165,8 @@ fn decode_token(isa: Isa, x: &[f32], m: &MatRef<'_>, out: &mut [f32]) {
 /// XOR of every 32-byte unit of the panel-layout matrix `pk`, four panels at a time in the
 /// order the decode kernel reads them.
 fn read_panels(pk: &[bf16], cols: usize) -> u64 {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = cols; // only the AVX2 reader walks the panels
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 is present (checked above).

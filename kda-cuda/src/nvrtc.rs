@@ -93,7 +93,7 @@ fn log_of(prog: &Program) -> String {
             let bytes: Vec<u8> = raw
                 .into_iter()
                 .take_while(|&c| c != 0)
-                .map(|c| c as u8)
+                .map(|c| u8::from_ne_bytes(c.to_ne_bytes())) // c_char: i8 on x86-64, u8 on aarch64
                 .collect();
             String::from_utf8_lossy(&bytes).trim().to_owned()
         }
@@ -138,7 +138,7 @@ pub fn compile(
             let ptx_bytes: Vec<u8> = ptx_raw
                 .into_iter()
                 .take_while(|&c| c != 0)
-                .map(|c| c as u8)
+                .map(|c| u8::from_ne_bytes(c.to_ne_bytes())) // c_char: i8 on x86-64, u8 on aarch64
                 .collect();
             let ptx = String::from_utf8_lossy(&ptx_bytes).into_owned();
             let cubin = cubin_of(&prog);
