@@ -101,23 +101,24 @@ for isa in "${ISA_LIST[@]}"; do
     fi
     SEEN[$name]=1
     dec=$(per_unit "$isa" decode DECODE_N) || exit 1
+    decr=$(per_unit "$isa" decode-rows DECODE_N) || exit 1
     pre=$(per_unit "$isa" prefill PREFILL_N) || exit 1
     dlog="$WORK/$isa-decode-${DECODE_N[0]}.log"
     plog="$WORK/$isa-prefill-${PREFILL_N[0]}.log"
-    ROWS+=("$name|$dec|$pre|$(field "$dlog" flops_per_unit)|$(field "$dlog" bytes_per_unit)|$(field "$plog" flops_per_unit)|$(field "$plog" bytes_per_unit)")
+    ROWS+=("$name|$dec|$decr|$pre|$(field "$dlog" flops_per_unit)|$(field "$dlog" bytes_per_unit)|$(field "$plog" flops_per_unit)|$(field "$plog" bytes_per_unit)")
 done
 echo "probe: $(field "$WORK/${ISA_LIST[0]}-decode-${DECODE_N[0]}.log" workload)"
 echo "probe: $(field "$WORK/${ISA_LIST[0]}-prefill-${PREFILL_N[0]}.log" workload)"
 
 table() {
-    echo "| $ARCH path | decode: insns/token | prefill: insns/chunk (1 head) | decode FLOPs/insn | prefill FLOPs/insn |"
-    echo "|---|---:|---:|---:|---:|"
+    echo "| $ARCH path | decode: insns/token (panel layout) | decode: insns/token (row-major) | prefill: insns/chunk (1 head) | decode FLOPs/insn | prefill FLOPs/insn |"
+    echo "|---|---:|---:|---:|---:|---:|"
     for r in "${ROWS[@]}"; do
-        IFS='|' read -r name dec pre dflops _ pflops _ <<<"$r"
-        awk -v n="$name" -v d="$dec" -v p="$pre" -v df="$dflops" -v pf="$pflops" 'BEGIN {
-            printf "| %s | %.4g M | %.4g M | %.2f | %.2f |\n", n, d / 1e6, p / 1e6, df / d, pf / p }'
+        IFS='|' read -r name dec decr pre dflops _ pflops _ <<<"$r"
+        awk -v n="$name" -v d="$dec" -v dr="$decr" -v p="$pre" -v df="$dflops" -v pf="$pflops" 'BEGIN {
+            printf "| %s | %.4g M | %.4g M | %.4g M | %.2f | %.2f |\n", n, d / 1e6, dr / 1e6, p / 1e6, df / d, pf / p }'
     done
-    IFS='|' read -r _ _ _ dflops dbytes pflops pbytes <<<"${ROWS[0]}"
+    IFS='|' read -r _ _ _ _ dflops dbytes pflops pbytes <<<"${ROWS[0]}"
     awk -v df="$dflops" -v db="$dbytes" -v pf="$pflops" -v pb="$pbytes" 'BEGIN {
         printf "\ndecode: %.4g MFLOP/token over %.4g MB/token (bf16 weights once + f32 state read and written) = %.2f FLOP/byte\n", df / 1e6, db / 1e6, df / db
         printf "prefill: %.4g MFLOP/chunk/head over %.4g kB/chunk/head (inputs, outputs, state) = %.1f FLOP/byte\n", pf / 1e6, pb / 1e3, pf / pb }'

@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! insn_probe ISA decode N          N decode steps of one Kimi Linear KDA layer (hidden 2304,
-//!                                  32 heads × 128, bf16 weights at the scales of `kda bench`),
-//!                                  one sequence, recurrent state carried from step to step
+//!                                  32 heads × 128, bf16 weights at the scales of `kda bench`,
+//!                                  in the panel layout `kda` uses by default), one sequence,
+//!                                  recurrent state carried from step to step
+//! insn_probe ISA decode-rows N     the same with the weights row-major (`--layout rows`)
 //! insn_probe ISA prefill N [C]     the chunked recurrence core of one head (K = V = 128) over
 //!                                  N chunks of C tokens (default: the layer's default chunk)
 //! ```
@@ -22,9 +24,10 @@ use half::bf16;
 use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks, MAX_CHUNK};
 use kda_core::ops::HeadRows;
 use kda_core::GateProj;
-use kda_core::{CachesMut, ForwardOptions, Isa, KdaConfig, Serial, DEFAULT_CHUNK};
+use kda_core::{CachesMut, ForwardOptions, Isa, KdaConfig, KdaLayer, Serial, DEFAULT_CHUNK};
 use kda_host::bench::{decode_bytes_per_step, flops_per_token, Preset};
 use kda_host::rng::Rng;
+use kda_host::panels::Panels;
 use kda_host::{OwnedData, OwnedGate, OwnedLayer, OwnedMat};
 
 /// Head dimension of the prefill core (Kimi Linear and Kimi K3: K = V = 128).
@@ -37,7 +40,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("insn_probe: {e}");
-            eprintln!("usage: insn_probe ISA decode N | insn_probe ISA prefill N [CHUNK]");
+            eprintln!(
+                "usage: insn_probe ISA decode N | insn_probe ISA decode-rows N | insn_probe ISA prefill N [CHUNK]"
+            );
             ExitCode::from(2)
         }
     }
@@ -54,7 +59,8 @@ fn run(args: Vec<String>) -> Result<(), String> {
         Isa::all_supported().collect::<Vec<_>>()
     );
     match (what.as_str(), rest) {
-        ("decode", []) => decode(isa, n),
+        ("decode", []) => decode(isa, n, Layout::Panels),
+        ("decode-rows", []) => decode(isa, n, Layout::Rows),
         ("prefill", []) => prefill(isa, n, DEFAULT_CHUNK),
         ("prefill", [c]) => prefill(isa, n, parse_count(c, "CHUNK", MAX_CHUNK)?),
         _ => Err(format!(
@@ -88,15 +94,33 @@ fn parse_count(s: &str, what: &str, most: usize) -> Result<usize, String> {
     }
 }
 
+/// How the bf16 weights are laid out for decode.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// 16-row panels (what `kda` loads checkpoints into by default, and `kda bench` times).
+    Panels,
+    /// The checkpoint's row-major layout, used in place (`--layout rows`).
+    Rows,
+}
+
 /// `n` decode steps of one Kimi Linear layer for one sequence.
-fn decode(isa: Isa, n: usize) -> Result<(), String> {
+fn decode(isa: Isa, n: usize, layout: Layout) -> Result<(), String> {
     let cfg = Preset::KimiLinear.config();
     let owned = cheap_layer(cfg);
     let opts = ForwardOptions {
         isa: Some(isa),
         ..ForwardOptions::recurrent()
     };
-    let layer = owned.kda_layer(opts).map_err(|e| e.to_string())?;
+    let base = owned.weights().map_err(|e| e.to_string())?;
+    let panels = match layout {
+        Layout::Panels => Panels::new(&base).map_err(|e| e.to_string())?,
+        Layout::Rows => Panels::default(),
+    };
+    let weights = match layout {
+        Layout::Panels => panels.weights(&base).map_err(|e| e.to_string())?,
+        Layout::Rows => base,
+    };
+    let layer = KdaLayer::new(&cfg, weights, opts).map_err(|e| e.to_string())?;
     let len = |r: Result<usize, kda_core::KdaError>| r.map_err(|e| e.to_string());
     let mut state = vec![0.0f32; len(cfg.state_len())?];
     let conv = len(cfg.conv_state_len())?;
@@ -115,7 +139,7 @@ fn decode(isa: Isa, n: usize) -> Result<(), String> {
             .decode_step(&x, &mut out, caches, &mut ws, &Serial)
             .map_err(|e| e.to_string())?;
     }
-    println!("workload decode: {n} step(s), Kimi Linear layer, bf16 weights, batch 1");
+    println!("workload decode: {n} step(s), Kimi Linear layer, bf16 weights ({layout:?} layout), batch 1");
     println!("unit token");
     println!("flops_per_unit {:.0}", flops_per_token(&owned));
     println!("bytes_per_unit {:.0}", decode_bytes_per_step(&owned, 1));
