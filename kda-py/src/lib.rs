@@ -12,10 +12,12 @@
 pub mod array;
 pub mod core_api;
 pub mod delta;
+pub mod fast;
 pub mod layer;
 pub mod threads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -40,6 +42,87 @@ pub(crate) fn no_panic<T>(f: impl FnOnce() -> Result<T, String>) -> PyResult<T> 
             )))
         }
     }
+}
+
+/// Nanoseconds the last `delta_rule` / `fla_forward` call spent computing.
+static LAST_COMPUTE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs [`delta::run`] with the GIL released on a pool of `threads`, and records its time.
+pub(crate) fn compute(
+    py: Python<'_>,
+    dims: &Dims,
+    x: &Inputs<'_>,
+    flags: &Flags,
+    out: Outputs<'_>,
+    threads: usize,
+) -> PyResult<u64> {
+    let ns = py.detach(|| {
+        no_panic(|| {
+            let t0 = std::time::Instant::now();
+            threads::install(threads, || delta::run(dims, x, flags, out, threads))?;
+            Ok(t0.elapsed().as_nanos() as u64)
+        })
+    })?;
+    LAST_COMPUTE_NS.store(ns, Ordering::Relaxed);
+    Ok(ns)
+}
+
+/// Nanoseconds the last `chunk_kda` / `fused_recurrent_kda` call spent computing (the
+/// GIL-free part: [`delta::run`]).
+#[pyfunction]
+fn last_compute_ns() -> u64 {
+    LAST_COMPUTE_NS.load(Ordering::Relaxed)
+}
+
+/// The fast path of `kda.chunk_kda` (`chunked=True`) and `kda.fused_recurrent_kda`: the
+/// arguments of those functions in their order (`chunk_kda`'s own extra flags already handled
+/// by its wrapper); returns `(o, final_state or None)`, or `None` when the call needs the
+/// wrapper's general path (see [`fast`]).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, g, beta, a_log, dt_bias, scale, initial_state, output_final_state,
+    l2norm, gate_in_kernel, beta_sigmoid, allow_neg_eigval, lower_bound, v_first, cu_seqlens,
+    threads, *, chunked))]
+// The arguments of fla's chunk_kda / fused_recurrent_kda (positional: the cheapest call).
+#[allow(clippy::too_many_arguments)]
+fn fla_forward<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    g: &Bound<'py, PyAny>,
+    beta: &Bound<'py, PyAny>,
+    a_log: &Bound<'py, PyAny>,
+    dt_bias: &Bound<'py, PyAny>,
+    scale: &Bound<'py, PyAny>,
+    initial_state: &Bound<'py, PyAny>,
+    output_final_state: &Bound<'py, PyAny>,
+    l2norm: &Bound<'py, PyAny>,
+    gate_in_kernel: &Bound<'py, PyAny>,
+    beta_sigmoid: &Bound<'py, PyAny>,
+    allow_neg_eigval: &Bound<'py, PyAny>,
+    lower_bound: &Bound<'py, PyAny>,
+    v_first: &Bound<'py, PyAny>,
+    cu_seqlens: &Bound<'py, PyAny>,
+    threads: &Bound<'py, PyAny>,
+    chunked: bool,
+) -> PyResult<Option<fast::FlaResult<'py>>> {
+    let args = fast::FlaArgs {
+        a_log,
+        dt_bias,
+        scale,
+        initial_state,
+        output_final_state,
+        l2norm,
+        gate_in_kernel,
+        beta_sigmoid,
+        allow_neg_eigval,
+        lower_bound,
+        v_first,
+        cu_seqlens,
+        threads,
+        chunked,
+    };
+    fast::fla_forward(py, [q, k, v, g, beta], &args)
 }
 
 fn dim3(a: &F32Array, name: &str) -> PyResult<[usize; 3]> {
@@ -177,13 +260,7 @@ fn delta_rule(
     } else {
         threads::resolve(threads)?
     };
-    py.detach(|| {
-        no_panic(|| {
-            let t0 = std::time::Instant::now();
-            threads::install(threads, || delta::run(&dims, &x, &flags, out, threads))?;
-            Ok(t0.elapsed().as_nanos() as u64)
-        })
-    })
+    compute(py, &dims, &x, &flags, out, threads)
 }
 
 /// The native module `kda._core`.
@@ -191,6 +268,8 @@ fn delta_rule(
 #[pyo3(name = "_core")]
 fn kda_core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta_rule, m)?)?;
+    m.add_function(wrap_pyfunction!(fla_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(last_compute_ns, m)?)?;
     m.add_function(wrap_pyfunction!(threads::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(threads::get_num_threads, m)?)?;
     m.add_class::<layer::KdaLayer>()?;

@@ -56,8 +56,11 @@ def test_patched_model_generates_the_same(torch_fallback, monkeypatch):
     with torch.no_grad():
         want_tokens, want_logits = generate(model, ids, 12)
         calls = []
-        real = kda._ops._core.delta_rule
-        monkeypatch.setattr(kda._ops._core, "delta_rule", lambda *a, **k: calls.append(k.get("chunked")) or real(*a, **k))
+        # kda's two native entry points: the fast path and the general path's kernel call
+        for name in ("fla_forward", "delta_rule"):
+            real = getattr(kda._ops._core, name)
+            spy = lambda *a, _real=real, **k: calls.append(k.get("chunked")) or _real(*a, **k)  # noqa: E731
+            monkeypatch.setattr(kda._ops._core, name, spy)
         assert integrations.patch_transformers()
         assert integrations.is_transformers_patched()
         got_tokens, got_logits = generate(model, ids, 12)
@@ -99,8 +102,9 @@ SHIM_SCRIPT = textwrap.dedent(
     from transformers.models.kimi_linear import modeling_kimi_linear as m
     q = torch.randn(1, 3, 1, 16); g = -torch.rand(1, 3, 1, 16); b = torch.rand(1, 3, 1)
     calls = []
-    real = kda._ops._core.delta_rule
-    kda._ops._core.delta_rule = lambda *a, **k: calls.append(1) or real(*a, **k)
+    for name in ("fla_forward", "delta_rule"):
+        real = getattr(kda._ops._core, name)
+        setattr(kda._ops._core, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
     with torch.no_grad():
         m.chunk_kimi_delta_attention(q, q, q, g=g, beta=b, use_qk_l2norm_in_kernel=True)
     assert calls, "transformers did not call kda through the shim"
