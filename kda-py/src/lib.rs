@@ -74,18 +74,19 @@ fn last_compute_ns() -> u64 {
     LAST_COMPUTE_NS.load(Ordering::Relaxed)
 }
 
-/// The fast path of `kda.chunk_kda` (`chunked=True`) and `kda.fused_recurrent_kda`: the
+/// The fast path of `kda.chunk_kda` (`chunked` true) and `kda.fused_recurrent_kda`: then the
 /// arguments of those functions in their order (`chunk_kda`'s own extra flags already handled
 /// by its wrapper); returns `(o, final_state or None)`, or `None` when the call needs the
 /// wrapper's general path (see [`fast`]).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, g, beta, a_log, dt_bias, scale, initial_state, output_final_state,
-    l2norm, gate_in_kernel, beta_sigmoid, allow_neg_eigval, lower_bound, v_first, cu_seqlens,
-    threads, *, chunked))]
-// The arguments of fla's chunk_kda / fused_recurrent_kda (positional: the cheapest call).
+#[pyo3(signature = (chunked, q, k, v, g, beta, a_log, dt_bias, scale, initial_state,
+    output_final_state, l2norm, gate_in_kernel, beta_sigmoid, allow_neg_eigval, lower_bound, v_first,
+    cu_seqlens, threads))]
+// The arguments of fla's chunk_kda / fused_recurrent_kda, all positional (the cheapest call).
 #[allow(clippy::too_many_arguments)]
 fn fla_forward<'py>(
     py: Python<'py>,
+    chunked: bool,
     q: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     v: &Bound<'py, PyAny>,
@@ -104,7 +105,6 @@ fn fla_forward<'py>(
     v_first: &Bound<'py, PyAny>,
     cu_seqlens: &Bound<'py, PyAny>,
     threads: &Bound<'py, PyAny>,
-    chunked: bool,
 ) -> PyResult<Option<fast::FlaResult<'py>>> {
     let args = fast::FlaArgs {
         a_log,

@@ -56,11 +56,11 @@ def test_patched_model_generates_the_same(torch_fallback, monkeypatch):
     with torch.no_grad():
         want_tokens, want_logits = generate(model, ids, 12)
         calls = []
-        # kda's two native entry points: the fast path and the general path's kernel call
-        for name in ("fla_forward", "delta_rule"):
-            real = getattr(kda._ops._core, name)
-            spy = lambda *a, _real=real, **k: calls.append(k.get("chunked")) or _real(*a, **k)  # noqa: E731
-            monkeypatch.setattr(kda._ops._core, name, spy)
+        # kda's two native entry points: the fast path (`chunked` first) and the general path's
+        # kernel call (`chunked=`)
+        fast, general = kda._ops._core.fla_forward, kda._ops._core.delta_rule
+        monkeypatch.setattr(kda._ops._core, "fla_forward", lambda *a: calls.append(a[0]) or fast(*a))
+        monkeypatch.setattr(kda._ops._core, "delta_rule", lambda *a, **k: calls.append(k.get("chunked")) or general(*a, **k))
         assert integrations.patch_transformers()
         assert integrations.is_transformers_patched()
         got_tokens, got_logits = generate(model, ids, 12)

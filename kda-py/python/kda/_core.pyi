@@ -28,6 +28,7 @@ def delta_rule(
     threads: Optional[int] = None,
 ) -> int: ...
 def fla_forward(
+    chunked: bool,
     q: Any,
     k: Any,
     v: Any,
@@ -46,8 +47,6 @@ def fla_forward(
     v_first: Any,
     cu_seqlens: Any,
     threads: Any,
-    *,
-    chunked: bool,
 ) -> Optional[Tuple[Any, Optional[Any]]]: ...
 def last_compute_ns() -> int: ...
 def set_num_threads(threads: Optional[int] = None) -> None: ...

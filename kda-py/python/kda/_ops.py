@@ -210,9 +210,9 @@ def chunk_kda(
         if not (-5 <= lower_bound < 0):
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
     r = _core.fla_forward(
-        q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        True, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
-        threads, chunked=True,
+        threads,
     )
     if r is not None:
         return r
@@ -266,9 +266,9 @@ def fused_recurrent_kda(
     if kwargs:
         state_v_first = _state_v_first(state_v_first, kwargs)
     r = _core.fla_forward(
-        q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        False, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
-        threads, chunked=False,
+        threads,
     )
     if r is not None:
         return r
