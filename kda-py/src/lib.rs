@@ -20,7 +20,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyTuple};
 
 use array::F32Array;
 use core_api::GateForm;
@@ -123,6 +125,103 @@ fn fla_forward<'py>(
         chunked,
     };
     fast::fla_forward(py, [q, k, v, g, beta], &args)
+}
+
+/// Token-by-token KDA forward, a CPU drop-in for ``fla.ops.kda.fused_recurrent_kda``
+/// (fla-core 0.6.0); the decode path.
+///
+/// Same arguments, shapes and results as :func:`chunk_kda` (``A_log`` / ``dt_bias`` are
+/// positional here, as in fla), except: ``o`` has v's dtype and ``initial_state`` may be of
+/// any float dtype. Without ``A_log`` the in-kernel softplus gate is
+/// ``-exp(1)*softplus(g + dt_bias)``, as fla's kernel computes it. A per-value ``beta`` of
+/// shape ``[B, T, HV, V]`` raises ``NotImplementedError``.
+///
+/// Native, so that a decode step costs little over its kernel: the common call goes straight
+/// to the fast path (``_core.fla_forward``'s), anything else to the Python general path
+/// (``kda._ops._fused_recurrent_kda``).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+    output_final_state=None, use_qk_l2norm_in_kernel=None, use_gate_in_kernel=None,
+    use_beta_sigmoid_in_kernel=None, allow_neg_eigval=None, lower_bound=None, state_v_first=None,
+    cu_seqlens=None, threads=None, **kwargs),
+    text_signature = "(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, \
+    initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False, \
+    use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, \
+    lower_bound=None, state_v_first=False, cu_seqlens=None, threads=None, **kwargs)")]
+// fla's signature (its names included); a flag left out is None, false as fla's default is.
+#[allow(clippy::too_many_arguments, non_snake_case)]
+fn fused_recurrent_kda<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    g: &Bound<'py, PyAny>,
+    beta: &Bound<'py, PyAny>,
+    A_log: Option<&Bound<'py, PyAny>>,
+    dt_bias: Option<&Bound<'py, PyAny>>,
+    scale: Option<&Bound<'py, PyAny>>,
+    initial_state: Option<&Bound<'py, PyAny>>,
+    output_final_state: Option<&Bound<'py, PyAny>>,
+    use_qk_l2norm_in_kernel: Option<&Bound<'py, PyAny>>,
+    use_gate_in_kernel: Option<&Bound<'py, PyAny>>,
+    use_beta_sigmoid_in_kernel: Option<&Bound<'py, PyAny>>,
+    allow_neg_eigval: Option<&Bound<'py, PyAny>>,
+    lower_bound: Option<&Bound<'py, PyAny>>,
+    state_v_first: Option<&Bound<'py, PyAny>>,
+    cu_seqlens: Option<&Bound<'py, PyAny>>,
+    threads: Option<&Bound<'py, PyAny>>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let none = py.None().into_bound(py);
+    let no = PyBool::new(py, false).to_owned().into_any();
+    let or_none = |x: Option<&Bound<'py, PyAny>>| x.cloned().unwrap_or_else(|| none.clone());
+    let or_false = |x: Option<&Bound<'py, PyAny>>| x.cloned().unwrap_or_else(|| no.clone());
+    let args = [
+        or_none(A_log),
+        or_none(dt_bias),
+        or_none(scale),
+        or_none(initial_state),
+        or_false(output_final_state),
+        or_false(use_qk_l2norm_in_kernel),
+        or_false(use_gate_in_kernel),
+        or_false(use_beta_sigmoid_in_kernel),
+        or_false(allow_neg_eigval),
+        or_none(lower_bound),
+        or_false(state_v_first),
+        or_none(cu_seqlens),
+        or_none(threads),
+    ];
+    if kwargs.is_none_or(|kw| kw.is_empty()) {
+        let [a_log, dt_bias, scale, initial_state, output_final_state, l2norm, gate_in_kernel, beta_sigmoid, allow_neg_eigval, lower_bound, v_first, cu_seqlens, threads] =
+            &args;
+        let fla = fast::FlaArgs {
+            a_log,
+            dt_bias,
+            scale,
+            initial_state,
+            output_final_state,
+            l2norm,
+            gate_in_kernel,
+            beta_sigmoid,
+            allow_neg_eigval,
+            lower_bound,
+            v_first,
+            cu_seqlens,
+            threads,
+            chunked: false,
+        };
+        if let Some((o, ht)) = fast::fla_forward(py, [q, k, v, g, beta], &fla)? {
+            return PyTuple::new(py, [o, ht.unwrap_or(none)]).map(Bound::into_any);
+        }
+    }
+    let all: Vec<Bound<'py, PyAny>> = [q, k, v, g, beta]
+        .into_iter()
+        .cloned()
+        .chain(args)
+        .collect();
+    py.import(intern!(py, "kda._ops"))?
+        .getattr(intern!(py, "_fused_recurrent_kda"))?
+        .call(PyTuple::new(py, all)?, kwargs)
 }
 
 fn dim3(a: &F32Array, name: &str) -> PyResult<[usize; 3]> {
@@ -269,6 +368,7 @@ fn delta_rule(
 fn kda_core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta_rule, m)?)?;
     m.add_function(wrap_pyfunction!(fla_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_recurrent_kda, m)?)?;
     m.add_function(wrap_pyfunction!(last_compute_ns, m)?)?;
     m.add_function(wrap_pyfunction!(threads::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(threads::get_num_threads, m)?)?;

@@ -336,7 +336,7 @@ def test_readonly_numpy_inputs_are_read_in_place():
 
 def test_gil_is_released_during_compute():
     """Another Python thread runs while a long call computes."""
-    x = make_inputs(21, 4096, 4, 4, 128, 128, 1, False, "softplus", False, False)
+    x = make_inputs(21, 4096, 12, 12, 128, 128, 1, False, "softplus", False, False)
     ticks = []
     done = threading.Event()
 

@@ -48,6 +48,27 @@ def fla_forward(
     cu_seqlens: Any,
     threads: Any,
 ) -> Optional[Tuple[Any, Optional[Any]]]: ...
+def fused_recurrent_kda(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    A_log: Any = None,
+    dt_bias: Any = None,
+    scale: Optional[float] = None,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: Optional[float] = None,
+    state_v_first: bool = False,
+    cu_seqlens: Any = None,
+    threads: Optional[int] = None,
+    **kwargs: Any,
+) -> Tuple[Any, Optional[Any]]: ...
 def last_compute_ns() -> int: ...
 def set_num_threads(threads: Optional[int] = None) -> None: ...
 def get_num_threads() -> int: ...

@@ -233,7 +233,7 @@ def _fla_default_a(hv: int):
     return np.ones(hv, dtype=np.float32)
 
 
-def fused_recurrent_kda(
+def _fused_recurrent_kda(
     q: Any,
     k: Any,
     v: Any,
@@ -254,24 +254,9 @@ def fused_recurrent_kda(
     threads: Optional[int] = None,
     **kwargs: Any,
 ):
-    r"""Token-by-token KDA forward, a CPU drop-in for ``fla.ops.kda.fused_recurrent_kda``
-    (fla-core 0.6.0); the decode path.
-
-    Same arguments, shapes and results as :func:`chunk_kda` (``A_log`` / ``dt_bias`` are
-    positional here, as in fla), except: ``o`` has v's dtype and ``initial_state`` may be of
-    any float dtype. Without ``A_log`` the in-kernel softplus gate is
-    ``-exp(1)*softplus(g + dt_bias)``, as fla's kernel computes it. A per-value ``beta`` of
-    shape ``[B, T, HV, V]`` raises ``NotImplementedError``.
-    """
-    if kwargs:
-        state_v_first = _state_v_first(state_v_first, kwargs)
-    r = _core.fla_forward(
-        False, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
-        threads,
-    )
-    if r is not None:
-        return r
+    """The general path of :func:`fused_recurrent_kda` (which is native: ``_core``'s), for the
+    calls its fast path declines."""
+    state_v_first = _state_v_first(state_v_first, kwargs)
     return _run(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         l2norm=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
@@ -279,6 +264,9 @@ def fused_recurrent_kda(
         cu_seqlens=cu_seqlens, v_first=state_v_first, chunked=False, threads=threads, out_dtype_of=v,
         h0_f32_only=False, softplus_default_a=_fla_default_a,
     )
+
+
+fused_recurrent_kda = _core.fused_recurrent_kda
 
 
 def last_compute_seconds() -> float:
