@@ -298,6 +298,22 @@ def test_fast_path_declines_what_it_does_not_handle(monkeypatch):
         assert torch.equal(o, want)
 
 
+def test_native_fused_recurrent_passes_everything_to_the_general_path():
+    """What the native fused_recurrent_kda declines reaches the Python general path with every
+    argument: positional A_log / dt_bias, keyword-only extras (fla's deprecated
+    ``transpose_state_layout``, with its warning)."""
+    x = make_inputs(5, 9, 2, 2, 16, 16, 1, True, "softplus", False, False)
+    q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
+    h0 = x["h0"].transpose(-1, -2).contiguous()
+    kw = dict(use_gate_in_kernel=True, initial_state=h0, output_final_state=True)
+    want = kda.fused_recurrent_kda(q, k, v, g, beta, x["A_log"], x["dt_bias"], state_v_first=True, **kw)
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+        got = kda.fused_recurrent_kda(q, k, v, g, beta, x["A_log"], x["dt_bias"], transpose_state_layout=True, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="Cannot pass both"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, state_v_first=True, transpose_state_layout=True)
+
+
 # ---- zero copy ----
 
 
