@@ -90,6 +90,17 @@
 #define KDA_ISA_AVX2_FMA 2
 
 /**
+ * `KdaOptions::isa`: x86-64 AVX-512F with AVX2 and FMA (`KDA_STATUS_CONFIG` where the CPU
+ * lacks them).
+ */
+#define KDA_ISA_AVX512F 3
+
+/**
+ * `KdaOptions::isa`: aarch64 NEON (`KDA_STATUS_CONFIG` on other CPUs).
+ */
+#define KDA_ISA_NEON 4
+
+/**
  * Size of [`KdaFixedLayer`] in 8-byte words.
  */
 #define KDA_FIXED_LAYER_WORDS 112
@@ -288,7 +299,8 @@ typedef struct KdaOptions {
    */
   size_t chunk_size;
   /**
-   * `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE` or `KDA_ISA_AVX2_FMA`.
+   * `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE`, `KDA_ISA_AVX2_FMA`, `KDA_ISA_AVX512F` or
+   * `KDA_ISA_NEON`.
    */
   uint32_t isa;
 } KdaOptions;

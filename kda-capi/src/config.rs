@@ -26,6 +26,11 @@ pub const KDA_ISA_AUTO: u32 = 0;
 pub const KDA_ISA_PORTABLE: u32 = 1;
 /// `KdaOptions::isa`: x86-64 AVX2 + FMA (`KDA_STATUS_CONFIG` where the CPU lacks them).
 pub const KDA_ISA_AVX2_FMA: u32 = 2;
+/// `KdaOptions::isa`: x86-64 AVX-512F with AVX2 and FMA (`KDA_STATUS_CONFIG` where the CPU
+/// lacks them).
+pub const KDA_ISA_AVX512F: u32 = 3;
+/// `KdaOptions::isa`: aarch64 NEON (`KDA_STATUS_CONFIG` on other CPUs).
+pub const KDA_ISA_NEON: u32 = 4;
 
 /// Shapes and gate forms of one KDA layer (`K = V = head_dim`). Fill it by hand or start from
 /// `kda_config_kimi_linear` / `kda_config_kimi_k3`.
@@ -66,7 +71,8 @@ pub struct KdaOptions {
     pub mode: u32,
     /// Chunk size of the chunked form, 1..=256 (16 by default).
     pub chunk_size: usize,
-    /// `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE` or `KDA_ISA_AVX2_FMA`.
+    /// `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE`, `KDA_ISA_AVX2_FMA`, `KDA_ISA_AVX512F` or
+    /// `KDA_ISA_NEON`.
     pub isa: u32,
 }
 
@@ -140,6 +146,8 @@ impl KdaOptions {
             KDA_ISA_AUTO => None,
             KDA_ISA_PORTABLE => Some(Isa::Portable),
             KDA_ISA_AVX2_FMA => Some(Isa::Avx2Fma),
+            KDA_ISA_AVX512F => Some(Isa::Avx512F),
+            KDA_ISA_NEON => Some(Isa::Neon),
             _ => return Err(config_err("isa", "unknown KDA_ISA_* value")),
         };
         Ok(ForwardOptions {

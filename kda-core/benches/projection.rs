@@ -44,6 +44,10 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize)
 
 fn bench(c: &mut Criterion) {
     let isa = Isa::detect();
+    println!(
+        "ISA: {} (kernels and the FMA peak below run on it)",
+        isa.name()
+    );
     let mut g = c.benchmark_group("fma_peak");
     g.throughput(Throughput::Elements(fma_peak(1).0 as u64 * 100_000));
     g.bench_function("single_core", |b| b.iter(|| black_box(fma_peak(100_000))));

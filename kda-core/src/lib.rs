@@ -94,6 +94,18 @@ pub use weights::{pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef
 #[doc(hidden)]
 pub mod internals {
     pub use crate::ops::linear::{project_scratch_len, project_tile, PROJECT_SCRATCH};
+
+    /// The sum of `data` read as `streams` interleaved regions with `isa`'s widest loads
+    /// (and software prefetch when asked): the benchmarks' read-bandwidth probe.
+    pub fn read_sum(isa: crate::Isa, data: &[f32], streams: usize, prefetch: bool) -> f32 {
+        crate::simd::read_sum(isa, data, streams, prefetch)
+    }
+
+    /// The single-core f32 FMA peak probe with `isa`'s widest vectors: independent
+    /// multiply-add chains in registers. Returns (FMAs done, a value to keep the work alive).
+    pub fn fma_peak(isa: crate::Isa, iters: usize) -> (usize, f32) {
+        crate::simd::fma_peak(isa, iters)
+    }
 }
 
 /// Re-export of the `half` crate's float types used by [`Data`].

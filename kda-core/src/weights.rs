@@ -382,7 +382,9 @@ pub(crate) fn i8_row_len(data_len: usize, scales_len: usize) -> Option<usize> {
     if scales_len == 0 {
         return (data_len == 0).then_some(0);
     }
-    (data_len % scales_len == 0).then_some(data_len / scales_len)
+    data_len
+        .is_multiple_of(scales_len)
+        .then_some(data_len / scales_len)
 }
 
 /// `Data::slice` for int8: whole rows keep their scales; a run inside one row keeps that row's
@@ -409,7 +411,7 @@ pub(crate) fn slice_i8<'a>(
         };
     };
     let (first, last) = (start / r, (start + len - 1) / r);
-    let scales = if start % r == 0 && len % r == 0 {
+    let scales = if start.is_multiple_of(r) && len.is_multiple_of(r) {
         &scales[first..=last]
     } else if first == last {
         &scales[first..first + 1]

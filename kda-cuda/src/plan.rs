@@ -566,7 +566,7 @@ pub struct CallShape {
 }
 
 fn rows_of(arg: &'static str, len: usize, width: usize) -> Result<usize, CudaError> {
-    if width == 0 || len % width != 0 {
+    if width == 0 || !len.is_multiple_of(width) {
         return Err(CudaError::Core(KdaError::Length {
             arg,
             expected: len - len % width.max(1),

@@ -8,6 +8,7 @@ use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, Runner, SequenceCaches, WeightDtype};
 
 fn decode(c: &mut Criterion) {
+    println!("ISA: {}", kda_core::Isa::detect().name());
     let cfg = KdaConfig::kimi_linear(2304, 32, 128);
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, 1).unwrap();
     let mut caches = SequenceCaches::new(&cfg, 1).unwrap();

@@ -15,6 +15,7 @@ use kda_host::rng::Rng;
 use kda_host::{OwnedLayer, SequenceCaches, WeightDtype};
 
 fn snapshots(c: &mut Criterion) {
+    println!("ISA: {}", kda_core::Isa::detect().name());
     let cfg = KdaConfig::kimi_linear(512, 4, 128);
     let owned = OwnedLayer::random(cfg, WeightDtype::Bf16, 1).unwrap();
     let layer = owned.kda_layer(ForwardOptions::default()).unwrap();

@@ -8,7 +8,9 @@
 //! * Decode is reported in tokens/s and achieved GB/s over the bytes one step must stream:
 //!   every weight once, plus each sequence's recurrent and conv states read and written.
 //! * The bandwidth reference is the best of a few passes of a large `memcpy` (read + write bytes
-//!   counted) and of a large read, on as many threads as the benchmark uses.
+//!   counted) and, for reads, the best of several read patterns (1/4/8 streams, with and
+//!   without prefetch, the widest loads of the detected ISA), on as many threads as the
+//!   benchmark uses.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -97,34 +99,75 @@ pub struct BenchOptions {
 pub struct Bandwidth {
     /// `memcpy`, read + write bytes counted.
     pub copy: f64,
-    /// Read only: the faster of one sequential stream and eight interleaved ones.
+    /// Read only: the best of every read pattern tried ([`READ_PATTERNS`]).
     pub read: f64,
+    /// The read pattern that reached [`Bandwidth::read`].
+    pub read_pattern: ReadPattern,
+}
+
+/// One way of reading a buffer for the read-bandwidth reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadPattern {
+    /// Interleaved far-apart streams (1 KiB pieces), as a projection reads weight rows.
+    pub streams: usize,
+    /// Software prefetch ahead of each stream.
+    pub prefetch: bool,
+}
+
+/// The read patterns tried, each with the widest loads of the detected ISA: 1, 4 and 8
+/// streams, with and without software prefetch. The reference is the best of them, so a
+/// kernel's "% of read bandwidth" is measured against the strongest loop we have.
+pub const READ_PATTERNS: [ReadPattern; 6] = [
+    ReadPattern {
+        streams: 1,
+        prefetch: false,
+    },
+    ReadPattern {
+        streams: 4,
+        prefetch: false,
+    },
+    ReadPattern {
+        streams: 8,
+        prefetch: false,
+    },
+    ReadPattern {
+        streams: 1,
+        prefetch: true,
+    },
+    ReadPattern {
+        streams: 4,
+        prefetch: true,
+    },
+    ReadPattern {
+        streams: 8,
+        prefetch: true,
+    },
+];
+
+/// The best time of four runs of `f`, in seconds.
+fn best_of_four(f: &mut dyn FnMut()) -> f64 {
+    (0..4)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or(Duration::from_secs(1))
+        .as_secs_f64()
+        .max(1e-9)
 }
 
 /// Measures memory bandwidth over buffers of `bytes` (best of a few passes), on the current
 /// rayon pool's threads when `parallel`.
 pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<Bandwidth> {
-    let n = (bytes / 8).max(1 << 16);
-    let mut src = crate::error::try_zeroed::<u64>(n, "the bandwidth buffer")?;
-    let mut dst = crate::error::try_zeroed::<u64>(n, "the bandwidth buffer")?;
-    for (i, v) in src.iter_mut().enumerate() {
-        *v = i as u64;
-    }
+    let n = (bytes / 4).max(1 << 16);
+    let mut src = crate::error::try_zeroed::<f32>(n, "the bandwidth buffer")?;
+    let mut dst = crate::error::try_zeroed::<f32>(n, "the bandwidth buffer")?;
+    src.fill(1.0);
     dst.copy_from_slice(&src); // fault every page in
     let chunk = (n / rayon::current_num_threads().max(1)).max(1 << 14);
-    let best = |f: &mut dyn FnMut()| {
-        (0..4)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .min()
-            .unwrap_or(Duration::from_secs(1))
-            .as_secs_f64()
-            .max(1e-9)
-    };
-    let copy_s = best(&mut || {
+    let copy_s = best_of_four(&mut || {
         if parallel {
             dst.par_chunks_mut(chunk)
                 .zip(src.par_chunks(chunk))
@@ -134,45 +177,43 @@ pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<Bandwidth> {
         }
         std::hint::black_box(&mut dst);
     });
-    let sum = |s: &[u64]| {
-        let mut acc = [0u64; 8];
-        for c in s.chunks_exact(8) {
-            for (a, v) in acc.iter_mut().zip(c) {
-                *a = a.wrapping_add(*v);
-            }
-        }
-        acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+    let isa = kda_core::Isa::detect();
+    let read_s = |p: ReadPattern| {
+        let sum = |s: &[f32]| kda_core::internals::read_sum(isa, s, p.streams, p.prefetch);
+        best_of_four(&mut || {
+            let total: f32 = if parallel {
+                src.par_chunks(chunk).map(sum).sum()
+            } else {
+                sum(&src)
+            };
+            std::hint::black_box(total);
+        })
     };
-    // Eight interleaved streams (512-byte pieces of eight far-apart regions), the pattern of
-    // a projection reading several weight rows at once; on the EPYC here it beats one stream.
-    let sum8 = |s: &[u64]| {
-        let q = s.len() / 8 / 64 * 64;
-        let mut acc = 0u64;
-        for off in (0..q).step_by(64) {
-            for j in 0..8 {
-                acc = acc.wrapping_add(sum(&s[j * q + off..j * q + off + 64]));
-            }
-        }
-        acc.wrapping_add(sum(&s[8 * q..]))
-    };
-    let read_with = |f: &(dyn Fn(&[u64]) -> u64 + Sync)| {
-        if parallel {
-            src.par_chunks(chunk).map(f).reduce(|| 0, u64::wrapping_add)
-        } else {
-            f(&src)
-        }
-    };
-    let read_s = best(&mut || {
-        std::hint::black_box(read_with(&sum));
-    })
-    .min(best(&mut || {
-        std::hint::black_box(read_with(&sum8));
-    }));
-    let b = (n * 8) as f64;
+    let (read_pattern, best) = READ_PATTERNS
+        .iter()
+        .map(|&p| (p, read_s(p)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((READ_PATTERNS[0], 1.0));
+    let b = (n * 4) as f64;
     Ok(Bandwidth {
         copy: 2.0 * b / copy_s / 1e9,
-        read: b / read_s / 1e9,
+        read: b / best / 1e9,
+        read_pattern,
     })
+}
+
+/// The single-core f32 FMA peak in GFLOP/s (2 per FMA), best of five ~20 ms runs with the
+/// widest vectors of the detected ISA.
+pub fn measure_fma_peak() -> f64 {
+    let isa = kda_core::Isa::detect();
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            let (fmas, keep) = kda_core::internals::fma_peak(isa, 200_000);
+            std::hint::black_box(keep);
+            2.0 * fmas as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Weight multiply-adds per token (every matrix and conv element once).
@@ -308,8 +349,19 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         caches,
         rng: Rng::new(opts.seed ^ 0xbe9c),
     };
+    let peak = measure_fma_peak();
     let (dt, sum_sq) = bench.prefill(&mut slice_buf)?;
     report_prefill(out, opts, &layer, dt, sum_sq)?;
+    let gflops = (opts.prompt * opts.batch) as f64 * flops_per_token(&layer) / dt / 1e9;
+    line(
+        out,
+        format!(
+            "prefill vs the FMA peak measured now ({peak:.1} GFLOP/s per core, {} loads, x {} thread(s)): {:.0}%",
+            kda_core::Isa::detect().name(),
+            opts.threads,
+            100.0 * gflops / (peak * opts.threads as f64)
+        ),
+    )?;
     let (dt, last) = bench.decode()?;
     report_decode(out, opts, &layer, dt, &bw)?;
     if !last.iter().all(|v| v.is_finite()) || !sum_sq.is_finite() {
@@ -404,20 +456,27 @@ fn report_setup(
     line(
         out,
         format!(
-            "kda bench: preset {} ({}), bf16 weights {:.1} MiB (seeded random) in the {} layout, batch {}, {} thread(s)",
+            "kda bench: preset {} ({}), bf16 weights {:.1} MiB (seeded random) in the {} layout, batch {}, {} thread(s), ISA {}",
             opts.preset.name(),
             describe(&layer.cfg),
             layer.weight_bytes() as f64 / (1 << 20) as f64,
             if opts.panels { "panel" } else { "row-major" },
             opts.batch,
-            opts.threads
+            opts.threads,
+            kda_core::Isa::detect().name()
         ),
     )?;
     line(
         out,
         format!(
-            "memory bandwidth of this machine ({} thread(s), 256 MiB buffers): memcpy {:.1} GB/s (read+write bytes), read {:.1} GB/s (best of 1 and 8 streams)",
-            opts.threads, bw.copy, bw.read
+            "memory bandwidth of this machine ({} thread(s), 256 MiB buffers): memcpy {:.1} GB/s (read+write bytes), read {:.1} GB/s (best of {} patterns: {} stream(s){}, {} loads)",
+            opts.threads,
+            bw.copy,
+            bw.read,
+            READ_PATTERNS.len(),
+            bw.read_pattern.streams,
+            if bw.read_pattern.prefetch { " + prefetch" } else { "" },
+            kda_core::Isa::detect().name()
         ),
     )
 }

@@ -88,7 +88,7 @@ fn mul(a: usize, b: usize) -> CoreResult<usize> {
 
 /// Checks every length against `d` and the offsets; returns the number of sequences.
 fn validate(d: &Dims, x: &Inputs<'_>, out: &Outputs<'_>, f: &Flags) -> CoreResult<usize> {
-    if d.heads == 0 || d.v_heads % d.heads != 0 {
+    if d.heads == 0 || !d.v_heads.is_multiple_of(d.heads) {
         return Err(format!(
             "value heads ({}) must be a positive multiple of the query/key heads ({})",
             d.v_heads, d.heads

@@ -244,6 +244,12 @@ fn one_chunk(
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512F && isa.is_supported() {
+        // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked just above); the function
+        // has no other requirement (it is safe Rust compiled with those features enabled).
+        return unsafe { one_chunk_avx512(isa, inp, v_o, state, sc) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above); the function has no
         // other requirement (it is safe Rust compiled with those features enabled).
@@ -255,6 +261,18 @@ fn one_chunk(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn one_chunk_avx2(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    v_o: &mut [f32],
+    state: &mut [f32],
+    sc: &mut Scratch<'_>,
+) -> Result<(), KdaError> {
+    one_chunk_body(isa, inp, v_o, state, sc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn one_chunk_avx512(
     isa: Isa,
     inp: &ChunkIn<'_>,
     v_o: &mut [f32],

@@ -189,7 +189,7 @@ pub fn recurrent_sequence(
     let hk = heads
         .checked_mul(head_dim)
         .ok_or(KdaError::Overflow { what: "recurrence" })?;
-    if hk == 0 || q.len() % hk != 0 {
+    if hk == 0 || !q.len().is_multiple_of(hk) {
         return Err(KdaError::Length {
             arg: "q",
             expected: q.len() - q.len() % hk.max(1),

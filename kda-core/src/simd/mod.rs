@@ -1,11 +1,20 @@
-//! The inner loops every kernel is built from, one implementation per instruction set, chosen
+//! The inner loops every kernel is built from: one set of kernels (`kernels.rs`) written
+//! over a small vector abstraction (`vector.rs`), instantiated per instruction set and chosen
 //! at run time (RustFFT style).
 //!
-//! * [`Isa::Portable`]: plain Rust the compiler vectorises for the baseline target; runs
-//!   everywhere (Cortex-M included).
-//! * [`Isa::Avx2Fma`]: x86-64 AVX2 + FMA intrinsics (`avx2.rs`), used when the CPU has both.
-//!   Detection is at run time with the `std` feature, else at compile time
-//!   (`-C target-feature=+avx2,+fma`).
+//! * [`Isa::Portable`]: the reference loops of `portable.rs` (plain Rust the compiler
+//!   vectorises for the baseline target; runs everywhere, Cortex-M included). They define the
+//!   results every other path is tested against.
+//! * [`Isa::Avx2Fma`] (`avx2.rs`), [`Isa::Avx512F`] (`avx512.rs`), [`Isa::Neon`] (`neon.rs`):
+//!   the generic kernels instantiated for that ISA, inside `#[target_feature]` entry points.
+//!   x86 detection is at run time with the `std` feature, else at compile time
+//!   (`-C target-feature=…`); NEON is part of every aarch64 target.
+//! * In tests, the same generic kernels instantiated over plain `[f32; N]` lanes (`lanes.rs`)
+//!   at N = 4, 8 and 16, checked bitwise against the reference loops: every width-dependent
+//!   part (tiles, blocks, tails) is exercised at every ISA's width on any machine.
+//!
+//! Adding an ISA: one file with its `Simd` impl and an `instantiate!` line, plus its arm in
+//! [`Isa`] and `dispatch!`.
 //!
 //! Every function here gives the same answer, bitwise, for any split of the work across calls
 //! or threads; the paths differ from each other only by rounding (FMA vs separate multiply and
@@ -15,12 +24,19 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx2_proj;
+mod avx512;
+mod kernels;
+#[cfg(test)]
+mod lanes;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod portable;
+mod vector;
 
 use half::bf16;
 
 use crate::error::KdaError;
+use kernels::Gemm;
 
 /// An instruction-set path for the kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,16 +47,22 @@ pub enum Isa {
     Portable,
     /// x86-64 with AVX2 and FMA.
     Avx2Fma,
+    /// x86-64 with AVX-512F (and AVX2, FMA): 16 lanes, 32 registers.
+    Avx512F,
+    /// aarch64 Advanced SIMD (NEON): 4 lanes, 32 registers.
+    Neon,
 }
 
 impl Isa {
+    /// Every path, fastest first.
+    const ALL: [Isa; 4] = [Isa::Avx512F, Isa::Avx2Fma, Isa::Neon, Isa::Portable];
+
     /// The fastest path this CPU supports.
     pub fn detect() -> Isa {
-        if Isa::Avx2Fma.is_supported() {
-            Isa::Avx2Fma
-        } else {
-            Isa::Portable
-        }
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.is_supported())
+            .unwrap_or(Isa::Portable)
     }
 
     /// Whether this CPU can run the path.
@@ -48,14 +70,43 @@ impl Isa {
         match self {
             Isa::Portable => true,
             Isa::Avx2Fma => avx2_fma_supported(),
+            Isa::Avx512F => avx512_supported(),
+            Isa::Neon => cfg!(target_arch = "aarch64"),
         }
     }
 
-    /// Every path this CPU supports (for tests and benchmarks).
+    /// Every path this CPU supports (for tests and benchmarks), the portable one first.
     pub fn all_supported() -> impl Iterator<Item = Isa> {
-        [Isa::Portable, Isa::Avx2Fma]
+        [Isa::Portable, Isa::Avx2Fma, Isa::Avx512F, Isa::Neon]
             .into_iter()
             .filter(|i| i.is_supported())
+    }
+
+    /// Every path this build knows, with whether this CPU runs it (for "skipped: no …" lines).
+    pub fn all() -> impl Iterator<Item = (Isa, bool)> {
+        [Isa::Portable, Isa::Avx2Fma, Isa::Avx512F, Isa::Neon]
+            .into_iter()
+            .map(|i| (i, i.is_supported()))
+    }
+
+    /// A short lower-case name (`portable`, `avx2`, `avx512f`, `neon`), as printed by benches.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2Fma => "avx2",
+            Isa::Avx512F => "avx512f",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// The CPU feature the path needs, as `/proc/cpuinfo` spells it (for "skipped: no …").
+    pub fn feature(self) -> &'static str {
+        match self {
+            Isa::Portable => "nothing",
+            Isa::Avx2Fma => "avx2+fma",
+            Isa::Avx512F => "avx512f",
+            Isa::Neon => "neon (aarch64)",
+        }
     }
 }
 
@@ -74,21 +125,93 @@ fn avx2_fma_supported() -> bool {
     false
 }
 
-/// Runs the AVX2 variant when `isa` asks for it (and the CPU has it), else the portable one.
-macro_rules! dispatch {
-    ($isa:expr, $name:ident ( $($arg:expr),* )) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            if $isa == Isa::Avx2Fma && avx2_fma_supported() {
-                // SAFETY: the CPU supports AVX2 and FMA (checked just above), which is the only
-                // requirement of the `avx2` functions beyond the slice bounds their safe
-                // wrappers here have already checked.
-                return unsafe { avx2::$name($($arg),*) };
-            }
+#[cfg(all(target_arch = "x86_64", any(feature = "std", test)))]
+fn avx512_supported() -> bool {
+    std::is_x86_feature_detected!("avx512f") && avx2_fma_supported()
+}
+
+#[cfg(all(target_arch = "x86_64", not(any(feature = "std", test))))]
+fn avx512_supported() -> bool {
+    cfg!(all(
+        target_feature = "avx512f",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_supported() -> bool {
+    false
+}
+
+/// Which implementation a call runs: an [`Isa`], or (in tests) the generic kernels over
+/// plain lanes of a given width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// The reference loops (`portable.rs`).
+    Reference,
+    /// The generic kernels on AVX2 + FMA.
+    Avx2,
+    /// The generic kernels on AVX-512F.
+    Avx512,
+    /// The generic kernels on NEON.
+    Neon,
+    /// The generic kernels over `[f32; N]` lanes.
+    #[cfg(test)]
+    Lanes(usize),
+}
+
+impl From<Isa> for Path {
+    fn from(isa: Isa) -> Path {
+        match isa {
+            Isa::Portable => Path::Reference,
+            Isa::Avx2Fma => Path::Avx2,
+            Isa::Avx512F => Path::Avx512,
+            Isa::Neon => Path::Neon,
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = $isa;
-        portable::$name($($arg),*)
+    }
+}
+
+#[cfg(test)]
+mod lanes4 {
+    super::kernels::instantiate!(super::lanes::Lanes::<4>);
+}
+#[cfg(test)]
+mod lanes8 {
+    super::kernels::instantiate!(super::lanes::Lanes::<8>);
+}
+#[cfg(test)]
+mod lanes16 {
+    super::kernels::instantiate!(super::lanes::Lanes::<16>);
+}
+
+/// Runs kernel `$name` on `$path`: the ISA's instantiation when asked for and the CPU has it
+/// (else the reference `$reference`), or a plain-lanes instantiation in tests.
+macro_rules! dispatch {
+    ($path:expr, $name:ident ( $($arg:expr),* ), $reference:expr) => {{
+        let path: Path = $path.into();
+        match path {
+            // SAFETY: the CPU has the ISA (checked in the guard), the only requirement of the
+            // entry points beyond the slice lengths the safe wrappers here have checked.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 if avx512_supported() => unsafe { avx512::$name($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 if avx2_fma_supported() => unsafe { avx2::$name($($arg),*) },
+            // SAFETY: NEON is part of every aarch64 target; lengths checked by the wrappers.
+            #[cfg(target_arch = "aarch64")]
+            Path::Neon => unsafe { neon::$name($($arg),*) },
+            // SAFETY: plain Rust; lengths checked by the wrappers.
+            #[cfg(test)]
+            Path::Lanes(4) => unsafe { lanes4::$name($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(test)]
+            Path::Lanes(8) => unsafe { lanes8::$name($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(test)]
+            Path::Lanes(16) => unsafe { lanes16::$name($($arg),*) },
+            _ => $reference,
+        }
     }};
 }
 
@@ -121,37 +244,13 @@ impl Rows<'_, '_> {
     }
 }
 
-/// Runs `$f` on the AVX2 path when asked for and present, else on the portable one, for both
-/// weight formats of `$ws` (bound to `$w`); `$widen` is the portable widening function.
-macro_rules! rows_dispatch {
-    ($isa:expr, $ws:expr, |$w:ident, $widen:ident| $avx:expr, $port:expr) => {{
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = $isa;
-        match $ws {
-            Rows::F32($w) => {
-                #[cfg(target_arch = "x86_64")]
-                if $isa == Isa::Avx2Fma && avx2_fma_supported() {
-                    // SAFETY: AVX2+FMA present; the caller checked every length.
-                    return unsafe { $avx };
-                }
-                let $widen = |v: f32| v;
-                $port
-            }
-            Rows::Bf16($w) => {
-                #[cfg(target_arch = "x86_64")]
-                if $isa == Isa::Avx2Fma && avx2_fma_supported() {
-                    // SAFETY: as above.
-                    return unsafe { $avx };
-                }
-                let $widen = portable::bf16_to_f32;
-                $port
-            }
-        }
-    }};
+/// An internal-error result naming the function whose arguments were wrong.
+fn bad(what: &'static str) -> Result<(), KdaError> {
+    Err(KdaError::Internal { what })
 }
 
 /// Projection kernels. Each output of a tile is one chain over the reduction in order,
-/// `acc ← acc + x[k]·W[r][k]` (a fused multiply-add on the AVX2 path, multiply then add on
+/// `acc ← acc + x[k]·W[r][k]` (a fused multiply-add on the FMA paths, multiply then add on
 /// the portable one), continued across calls through `acc[t·16 + r]` (`r` < the tile's row
 /// count). [`pack_panel`] + [`panel_fma`] (prefill: the panel is reused by every token) and
 /// [`rows_fma`] (decode: straight from the rows) give bitwise the same sums on one path, and
@@ -161,32 +260,28 @@ macro_rules! rows_dispatch {
 /// Packs `W[r][k]` for `k0 ≤ k < k1` as `panel[(k − k0)·16 + r]`, widened to f32 (rows past the
 /// tile's last repeat it). A slice too short for the shape (a bug) is an
 /// [`KdaError::Internal`] error, with nothing done.
-// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
-#[allow(clippy::redundant_closure_call)]
 pub fn pack_panel(
-    isa: Isa,
+    isa: impl Into<Path>,
     ws: Rows<'_, '_>,
     k0: usize,
     k1: usize,
     panel: &mut [f32],
 ) -> Result<(), KdaError> {
     if k0 > k1 || !ws.ok(k1, PANEL) || panel.len() < (k1 - k0) * PANEL {
-        return Err(KdaError::Internal {
-            what: "simd::pack_panel arguments",
-        });
+        return bad("simd::pack_panel arguments");
     }
-    (|| {
-        rows_dispatch!(
+    match ws {
+        Rows::F32(w) => dispatch!(
             isa,
-            ws,
-            |w, widen| {
-                avx2_proj::pack_panel(w, k0, k1, panel);
-            },
-            {
-                portable::pack_panel(w, k0, k1, panel, widen);
-            }
-        )
-    })();
+            pack_panel(w, k0, k1, panel),
+            portable::pack_panel(w, k0, k1, panel, |v| v)
+        ),
+        Rows::Bf16(w) => dispatch!(
+            isa,
+            pack_panel(w, k0, k1, panel),
+            portable::pack_panel(w, k0, k1, panel, portable::bf16_to_f32)
+        ),
+    }
     Ok(())
 }
 
@@ -194,27 +289,21 @@ pub fn pack_panel(
 /// from a panel packed by [`pack_panel`] for the same `k0..k1`. A slice too short (a bug) is
 /// an [`KdaError::Internal`] error.
 pub fn panel_fma(
-    isa: Isa,
+    isa: impl Into<Path>,
     xs: &[&[f32]],
     k0: usize,
     k1: usize,
     panel: &[f32],
     acc: &mut [f32],
 ) -> Result<(), KdaError> {
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = isa;
     if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
-        return Err(KdaError::Internal {
-            what: "simd::panel_fma arguments",
-        });
+        return bad("simd::panel_fma arguments");
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma && avx2_fma_supported() {
-        // SAFETY: AVX2+FMA present; lengths checked above.
-        unsafe { avx2_proj::panel_fma(xs, k0, k1, panel, acc) };
-        return Ok(());
-    }
-    portable::panel_fma(xs, k0, k1, panel, acc);
+    dispatch!(
+        isa,
+        panel_fma(xs, k0, k1, panel, acc),
+        portable::panel_fma(xs, k0, k1, panel, acc)
+    );
     Ok(())
 }
 
@@ -229,10 +318,8 @@ fn panel_args_ok(xs: &[&[f32]], k0: usize, k1: usize, panel_len: usize, acc_len:
 
 /// Continues `acc[t·32 + r]` over `k0..k1` straight from up to [`DIRECT`] weight rows (the
 /// same sums as [`pack_panel`] + [`panel_fma`]). A slice too short (a bug) is an [`KdaError::Internal`] error.
-// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
-#[allow(clippy::redundant_closure_call)]
 pub fn rows_fma(
-    isa: Isa,
+    isa: impl Into<Path>,
     xs: &[&[f32]],
     ws: Rows<'_, '_>,
     k0: usize,
@@ -244,22 +331,20 @@ pub fn rows_fma(
         || acc.len() < xs.len() * DIRECT
         || xs.iter().any(|x| x.len() < k1)
     {
-        return Err(KdaError::Internal {
-            what: "simd::rows_fma arguments",
-        });
+        return bad("simd::rows_fma arguments");
     }
-    (|| {
-        rows_dispatch!(
+    match ws {
+        Rows::F32(w) => dispatch!(
             isa,
-            ws,
-            |w, widen| {
-                avx2_proj::rows_fma(xs, w, k0, k1, acc);
-            },
-            {
-                portable::rows_fma(xs, w, k0, k1, acc, widen);
-            }
-        )
-    })();
+            rows_fma(xs, w, k0, k1, acc),
+            portable::rows_fma(xs, w, k0, k1, acc, |v| v)
+        ),
+        Rows::Bf16(w) => dispatch!(
+            isa,
+            rows_fma(xs, w, k0, k1, acc),
+            portable::rows_fma(xs, w, k0, k1, acc, portable::bf16_to_f32)
+        ),
+    }
     Ok(())
 }
 
@@ -268,15 +353,13 @@ pub fn rows_fma(
 /// 16-row panel, ≥ `16·k1` long): the same in-order sums as [`pack_panel`] + [`panel_fma`] of
 /// the same rows, bitwise, on each path. A slice too short (a bug) is an [`KdaError::Internal`] error.
 pub fn panels_fma(
-    isa: Isa,
+    isa: impl Into<Path>,
     xs: &[&[f32]],
     panels: &[&[bf16]],
     k0: usize,
     k1: usize,
     acc: &mut [f32],
 ) -> Result<(), KdaError> {
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = isa;
     if k0 > k1
         || !(1..=4).contains(&xs.len())
         || !(1..=4).contains(&panels.len())
@@ -284,17 +367,13 @@ pub fn panels_fma(
         || xs.iter().any(|x| x.len() < k1)
         || acc.len() < xs.len() * 4 * PANEL
     {
-        return Err(KdaError::Internal {
-            what: "simd::panels_fma arguments",
-        });
+        return bad("simd::panels_fma arguments");
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma && avx2_fma_supported() {
-        // SAFETY: AVX2+FMA present; lengths checked above.
-        unsafe { avx2_proj::panels_fma(xs, panels, k0, k1, acc) };
-        return Ok(());
-    }
-    portable::panels_fma(xs, panels, k0, k1, acc);
+    dispatch!(
+        isa,
+        panels_fma(xs, panels, k0, k1, acc),
+        portable::panels_fma(xs, panels, k0, k1, acc)
+    );
     Ok(())
 }
 
@@ -302,27 +381,21 @@ pub fn panels_fma(
 /// `k0`, element `(k, r)` at `16·(k − k0) + r`), widened as it is loaded: the same sums,
 /// bitwise, without a widened copy. A slice too short (a bug) is an [`KdaError::Internal`] error.
 pub fn panel_fma_bf16(
-    isa: Isa,
+    isa: impl Into<Path>,
     xs: &[&[f32]],
     k0: usize,
     k1: usize,
     panel: &[bf16],
     acc: &mut [f32],
 ) -> Result<(), KdaError> {
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = isa;
     if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
-        return Err(KdaError::Internal {
-            what: "simd::panel_fma_bf16 arguments",
-        });
+        return bad("simd::panel_fma_bf16 arguments");
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma && avx2_fma_supported() {
-        // SAFETY: AVX2+FMA present; lengths checked above.
-        unsafe { avx2_proj::panel_fma(xs, k0, k1, panel, acc) };
-        return Ok(());
-    }
-    portable::panel_fma_bf16(xs, k0, k1, panel, acc, PANEL);
+    dispatch!(
+        isa,
+        panel_fma(xs, k0, k1, panel, acc),
+        portable::panel_fma_bf16(xs, k0, k1, panel, acc, PANEL)
+    );
     Ok(())
 }
 
@@ -350,37 +423,51 @@ pub fn prefetch<T>(data: &[T]) {
 
 /// `y[i] += a·x[i]`.
 #[inline]
-pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
+pub fn axpy(isa: impl Into<Path>, a: f32, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
     let (x, y) = (&x[..n], &mut y[..n]);
-    dispatch!(isa, axpy(a, x, y))
+    dispatch!(isa, axpy(a, x, y), portable::axpy(a, x, y))
 }
 
 /// Recurrence pass 1 for one key row: `s[i] *= decay; p[i] += k·s[i]`.
 #[inline]
-pub fn decay_predict(isa: Isa, s: &mut [f32], decay: f32, k: f32, p: &mut [f32]) {
+pub fn decay_predict(isa: impl Into<Path>, s: &mut [f32], decay: f32, k: f32, p: &mut [f32]) {
     let n = s.len().min(p.len());
     let (s, p) = (&mut s[..n], &mut p[..n]);
-    dispatch!(isa, decay_predict(s, decay, k, p))
+    dispatch!(
+        isa,
+        decay_predict(s, decay, k, p),
+        portable::decay_predict(s, decay, k, p)
+    )
 }
 
 /// Recurrence pass 1 over a whole state `s` `[K, V]` (`V = p.len()`): for each key row `d`,
 /// `s[d] *= decay[d]; p += k[d]·s[d]` (one dispatch for all rows).
 #[inline]
-pub fn decay_predict_rows(isa: Isa, s: &mut [f32], k: &[f32], decay: &[f32], p: &mut [f32]) {
+pub fn decay_predict_rows(
+    isa: impl Into<Path>,
+    s: &mut [f32],
+    k: &[f32],
+    decay: &[f32],
+    p: &mut [f32],
+) {
     if p.is_empty() {
         return;
     }
     let rows = (s.len() / p.len()).min(k.len()).min(decay.len());
     let (s, k, decay) = (&mut s[..rows * p.len()], &k[..rows], &decay[..rows]);
-    dispatch!(isa, decay_predict_rows(s, k, decay, p))
+    dispatch!(
+        isa,
+        decay_predict_rows(s, k, decay, p),
+        portable::decay_predict_rows(s, k, decay, p)
+    )
 }
 
 /// Recurrence pass 2 over a whole state `s` `[K, V]` (`V = o.len()`): for each key row `d`,
 /// `s[d] += k[d]·delta; o += (q[d]·scale)·s[d]` (one dispatch for all rows).
 #[inline]
 pub fn write_read_rows(
-    isa: Isa,
+    isa: impl Into<Path>,
     s: &mut [f32],
     k: &[f32],
     delta: &[f32],
@@ -394,13 +481,44 @@ pub fn write_read_rows(
     let (delta, o) = (&delta[..v], &mut o[..v]);
     let rows = (s.len() / v).min(k.len()).min(q.len());
     let (s, k, q) = (&mut s[..rows * v], &k[..rows], &q[..rows]);
-    dispatch!(isa, write_read_rows(s, k, delta, (q, scale), o))
+    dispatch!(
+        isa,
+        write_read_rows(s, k, delta, (q, scale), o),
+        portable::write_read_rows(s, k, delta, (q, scale), o)
+    )
 }
 
-/// `x[i] = e^{x[i]}` (vector path: Cephes polynomial, < 2 ulp; flushes below e^−87.5 to 0).
+/// `x[i] = e^{x[i]}` (vector paths: Cephes polynomial, < 2 ulp; flushes below e^−87.5 to 0;
+/// the portable path: `libm`).
 #[inline]
-pub fn exp_in_place(isa: Isa, x: &mut [f32]) {
-    dispatch!(isa, exp_in_place(x))
+pub fn exp_in_place(isa: impl Into<Path>, x: &mut [f32]) {
+    dispatch!(isa, exp_in_place(x), portable::exp_in_place(x))
+}
+
+/// The sum of `data` read as `streams` interleaved far-apart regions (1 KiB pieces), with the
+/// path's widest loads and, when `prefetch`, software prefetch: the read-bandwidth probe of
+/// the benchmarks (its summation order is the path's; not for numerics).
+pub fn read_sum(isa: impl Into<Path>, data: &[f32], streams: usize, prefetch: bool) -> f32 {
+    dispatch!(
+        isa,
+        read_sum(data, streams, prefetch),
+        portable::read_sum(data, streams)
+    )
+}
+
+/// The single-core f32 FMA peak probe on the path: independent multiply-add chains in
+/// registers, `iters` rounds. Returns (FMAs done, a value to keep the work alive).
+pub fn fma_peak(isa: impl Into<Path>, iters: usize) -> (usize, f32) {
+    dispatch!(isa, fma_peak(iters), portable::fma_peak(iters))
+}
+
+/// Whether `rows` rows of `cols` elements, `ld` apart, fit in `len` elements.
+fn fits(len: usize, rows: usize, ld: usize, cols: usize) -> bool {
+    ld >= cols
+        && (rows - 1)
+            .checked_mul(ld)
+            .and_then(|v| v.checked_add(cols))
+            .is_some_and(|need| need <= len)
 }
 
 /// `C[m×n] += A[m×k] · B[k×n]`, all row-major with leading dimensions `lda`, `ldb`, `ldc`.
@@ -410,10 +528,8 @@ pub fn exp_in_place(isa: Isa, x: &mut [f32]) {
 // BLAS-style: the shape (m, n, k) and three matrices with their leading dimensions.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
-#[allow(clippy::redundant_closure_call)]
 pub fn gemm_acc(
-    isa: Isa,
+    isa: impl Into<Path>,
     m: usize,
     n: usize,
     k: usize,
@@ -427,29 +543,31 @@ pub fn gemm_acc(
     if m == 0 || n == 0 || k == 0 {
         return Ok(());
     }
-    let fits = |len: usize, rows: usize, ld: usize, cols: usize| {
-        ld >= cols
-            && (rows - 1)
-                .checked_mul(ld)
-                .and_then(|v| v.checked_add(cols))
-                .is_some_and(|need| need <= len)
-    };
     if !(fits(a.len(), m, lda, k) && fits(b.len(), k, ldb, n) && fits(c.len(), m, ldc, n)) {
-        return Err(KdaError::Internal {
-            what: "simd::gemm_acc arguments",
-        });
+        return bad("simd::gemm_acc arguments");
     }
-    (|| dispatch!(isa, gemm_acc(m, n, k, a, lda, b, ldb, c, ldc)))();
+    let g = Gemm {
+        a: a.as_ptr(),
+        lda,
+        b: b.as_ptr(),
+        ldb,
+        c: c.as_mut_ptr(),
+        ldc,
+        k,
+    };
+    dispatch!(
+        isa,
+        gemm_acc(m, n, &g),
+        portable::gemm_acc(m, n, k, a, lda, b, ldb, c, ldc)
+    );
     Ok(())
 }
 
 /// `dst[c·ldd + r] = src[r·lds + c]` for an `rows × cols` block (out-of-place transpose).
 /// A slice too short for the shape (a bug) is an [`KdaError::Internal`] error, with nothing
 /// done.
-// The dispatch returns early from a closure on x86-64; elsewhere the closure is plain.
-#[allow(clippy::redundant_closure_call)]
 pub fn transpose(
-    isa: Isa,
+    isa: impl Into<Path>,
     rows: usize,
     cols: usize,
     src: &[f32],
@@ -460,19 +578,14 @@ pub fn transpose(
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    let fits = |len: usize, r: usize, ld: usize, c: usize| {
-        ld >= c
-            && (r - 1)
-                .checked_mul(ld)
-                .and_then(|v| v.checked_add(c))
-                .is_some_and(|need| need <= len)
-    };
     if !(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows)) {
-        return Err(KdaError::Internal {
-            what: "simd::transpose arguments",
-        });
+        return bad("simd::transpose arguments");
     }
-    (|| dispatch!(isa, transpose(rows, cols, src, lds, dst, ldd)))();
+    dispatch!(
+        isa,
+        transpose((rows, cols), (src, lds), (dst, ldd)),
+        portable::transpose(rows, cols, src, lds, dst, ldd)
+    );
     Ok(())
 }
 
@@ -490,32 +603,236 @@ mod tests {
         (a - b).abs() <= tol * (1.0 + b.abs())
     }
 
+    /// Every path to test here: the plain-lanes instantiations at 4, 8 and 16 lanes, then
+    /// each ISA this CPU has (a "skipped: no …" line for each it lacks).
+    fn paths() -> Vec<Path> {
+        let mut v = std::vec![Path::Lanes(4), Path::Lanes(8), Path::Lanes(16)];
+        for (isa, ok) in Isa::all().filter(|(i, _)| *i != Isa::Portable) {
+            if ok {
+                v.push(isa.into());
+            } else {
+                std::println!("skipped: no {} ({isa:?} path untested here)", isa.feature());
+            }
+        }
+        std::println!("paths tested: {v:?}");
+        v
+    }
+
+    /// Whether `path` promises the reference loops' bits (no fused multiply-add).
+    fn exact(path: Path) -> bool {
+        matches!(path, Path::Lanes(_))
+    }
+
+    /// `a` equals `b` bitwise on an exact path, else within `tol` relative.
+    fn same(path: Path, a: &[f32], b: &[f32], tol: f32) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                if exact(path) {
+                    x.to_bits() == y.to_bits()
+                } else {
+                    close(*x, *y, tol)
+                }
+            })
+    }
+
     #[test]
     fn every_path_matches_portable() {
-        std::println!(
-            "paths on this CPU: {:?}",
-            Isa::all_supported().collect::<Vec<_>>()
-        );
-        for isa in Isa::all_supported() {
-            for n in [0usize, 1, 7, 8, 15, 16, 17, 31, 33, 100, 128, 257] {
+        for path in paths() {
+            for n in [0usize, 1, 3, 4, 5, 7, 8, 15, 16, 17, 31, 33, 100, 128, 257] {
                 let x = rnd(n, 1);
                 let mut y1 = rnd(n, 7);
                 let mut y2 = y1.clone();
-                axpy(isa, 0.3, &x, &mut y1);
+                axpy(path, 0.3, &x, &mut y1);
                 portable::axpy(0.3, &x, &mut y2);
-                assert!(y1.iter().zip(&y2).all(|(a, b)| close(*a, *b, 1e-6)));
+                assert!(same(path, &y1, &y2, 1e-6), "{path:?} axpy n={n}");
                 // A state of 3 key rows of n values.
                 let (mut s1, mut p1) = (rnd(3 * n, 8), rnd(n, 9));
                 let (mut s2, mut p2) = (s1.clone(), p1.clone());
                 let (k, decay, q) = (rnd(3, 10), rnd(3, 11), rnd(3, 12));
-                decay_predict_rows(isa, &mut s1, &k, &decay, &mut p1);
+                decay_predict_rows(path, &mut s1, &k, &decay, &mut p1);
                 portable::decay_predict_rows(&mut s2, &k, &decay, &mut p2);
-                assert!(s1.iter().zip(&s2).all(|(a, b)| close(*a, *b, 1e-6)));
-                assert!(p1.iter().zip(&p2).all(|(a, b)| close(*a, *b, 1e-6)));
-                write_read_rows(isa, &mut s1, &k, &x, (&q, 1.3), &mut p1);
+                assert!(same(path, &s1, &s2, 1e-6) && same(path, &p1, &p2, 1e-6));
+                write_read_rows(path, &mut s1, &k, &x, (&q, 1.3), &mut p1);
                 portable::write_read_rows(&mut s2, &k, &x, (&q, 1.3), &mut p2);
-                assert!(s1.iter().zip(&s2).all(|(a, b)| close(*a, *b, 1e-6)));
-                assert!(p1.iter().zip(&p2).all(|(a, b)| close(*a, *b, 1e-6)));
+                assert!(same(path, &s1, &s2, 1e-6) && same(path, &p1, &p2, 1e-6));
+                decay_predict(path, &mut s1[..n], 0.7, 0.2, &mut p1);
+                portable::decay_predict(&mut s2[..n], 0.7, 0.2, &mut p2);
+                assert!(same(path, &s1, &s2, 1e-6) && same(path, &p1, &p2, 1e-6));
+            }
+        }
+    }
+
+    /// Each ISA's few operations against the plain lanes of the same width, on values that
+    /// include NaN, infinities, ties and the exp limits.
+    #[test]
+    fn isa_operations_match_plain_lanes() {
+        let vals: Vec<f32> = [
+            0.5,
+            -0.5,
+            1.5,
+            2.5,
+            -2.5,
+            0.0,
+            -0.0,
+            88.5,
+            -88.5,
+            -87.6,
+            3.0,
+            -127.0,
+            127.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]
+        .into_iter()
+        .chain(rnd(400, 77).into_iter().map(|v| v * 50.0))
+        .collect();
+        let wide: Vec<bf16> = vals.iter().map(|&v| bf16::from_f32(v)).collect();
+        for (isa, ok) in Isa::all() {
+            if !ok || isa == Isa::Portable {
+                if !ok {
+                    std::println!("skipped: no {}", isa.feature());
+                }
+                continue;
+            }
+            check_ops(isa, &vals, &wide);
+        }
+    }
+
+    /// Runs [`ops_trace`] for `isa` and for plain lanes of its width and compares them.
+    fn check_ops(isa: Isa, vals: &[f32], wide: &[bf16]) {
+        let (got, want) = match isa {
+            // SAFETY: `isa` is supported (checked by the caller).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Fma => unsafe {
+                (
+                    ops_trace(avx2::Avx2::new_unchecked(), vals, wide),
+                    ops_trace(lanes::Lanes::<8>, vals, wide),
+                )
+            },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512F => unsafe {
+                (
+                    ops_trace(avx512::Avx512::new_unchecked(), vals, wide),
+                    ops_trace(lanes::Lanes::<16>, vals, wide),
+                )
+            },
+            // SAFETY: as above.
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => unsafe {
+                (
+                    ops_trace(neon::Neon::new_unchecked(), vals, wide),
+                    ops_trace(lanes::Lanes::<4>, vals, wide),
+                )
+            },
+            _ => return,
+        };
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let ok = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+            assert!(ok, "{isa:?} operation trace [{i}]: {g} vs plain lanes {w}");
+        }
+    }
+
+    /// The results of every exactly-specified [`vector::Simd`] operation on `vals` (all but
+    /// `mul_add`, fused only on the ISAs, `reduce_sum`, whose order is the ISA's, and `exp`,
+    /// tested separately), in one list.
+    fn ops_trace<S: vector::Simd>(s: S, vals: &[f32], wide: &[bf16]) -> Vec<f32> {
+        let l = S::LANES;
+        let mut out = Vec::new();
+        let put = |v: S::F, out: &mut Vec<f32>| {
+            let mut buf = [0.0f32; vector::MAX_LANES];
+            // SAFETY: `buf` holds MAX_LANES ≥ LANES f32.
+            unsafe { s.store(buf.as_mut_ptr(), v) };
+            out.extend_from_slice(&buf[..l]);
+        };
+        let exponents: Vec<f32> = (-127..=128).map(|n| n as f32).collect();
+        for n in exponents.chunks_exact(l) {
+            // SAFETY: LANES values.
+            put(s.pow2i(unsafe { s.load(n.as_ptr()) }), &mut out);
+        }
+        for (i, (c, cw)) in vals.chunks_exact(l).zip(wide.chunks_exact(l)).enumerate() {
+            // SAFETY: each chunk holds LANES values; `rows` has LANES pointers, each to at
+            // least LANES (+ 1 for bf16) values.
+            unsafe {
+                let a = s.load(c.as_ptr());
+                let b = s.add(a, s.splat(-3.0));
+                put(b, &mut out);
+                put(s.mul(a, b), &mut out);
+                put(s.clamp(a, -88.0, 88.0), &mut out);
+                put(s.round(s.clamp(a, -88.0, 88.0)), &mut out);
+                put(s.zero_below(a, -87.5, b), &mut out);
+                put(s.load_bf16(cw.as_ptr()), &mut out);
+                put(s.broadcast(&c[3]), &mut out);
+                put(s.load_partial(c.as_ptr(), 3), &mut out);
+                let mut part = [9.0f32; vector::MAX_LANES];
+                s.store_partial(part.as_mut_ptr(), l - 1, a);
+                out.extend_from_slice(&part[..l]);
+                let rows: Vec<*const f32> = (0..l).map(|r| vals[i + r * l..].as_ptr()).collect();
+                let tile = s.load_tile(&rows, 1);
+                for j in 0..l {
+                    put(s.tile_col(&tile, j), &mut out);
+                }
+                let rows: Vec<*const bf16> = (0..l).map(|r| wide[i + r..].as_ptr()).collect();
+                let tile = s.load_tile(&rows, 1);
+                for j in 0..l {
+                    put(s.tile_col(&tile, j), &mut out);
+                }
+                let sum = s.reduce_sum(a);
+                let want: f32 = c.iter().sum();
+                let ok = (sum - want).abs() <= 1e-5 * c.iter().map(|v| v.abs()).sum::<f32>();
+                assert!(ok || !want.is_finite(), "reduce_sum {sum} vs {want}");
+            }
+        }
+        out
+    }
+
+    /// The generic `exp` (the ISAs' one) on plain lanes: within 2 ulp of `libm`.
+    #[test]
+    fn generic_exp_polynomial_is_within_two_ulp() {
+        let s = lanes::Lanes::<16>;
+        let mut xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.0471).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            -87.0,
+            -87.4,
+            -87.6,
+            88.0,
+            88.7,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        while !xs.len().is_multiple_of(16) {
+            xs.push(1.0);
+        }
+        for c in xs.chunks_exact(16) {
+            let mut y = [0.0f32; 16];
+            // SAFETY: 16 values in and out.
+            unsafe {
+                vector::Simd::store(
+                    s,
+                    y.as_mut_ptr(),
+                    vector::exp_poly(s, vector::Simd::load(s, c.as_ptr())),
+                )
+            };
+            for (&x, &v) in c.iter().zip(&y) {
+                let want = libm::expf(x);
+                if x.is_nan() {
+                    assert!(v.is_nan());
+                } else if x < -87.5 {
+                    assert!(v == 0.0 || (v - want).abs() < 1e-37, "{x}: {v}");
+                } else if x > 88.0 {
+                    // Documented: clamped to e^88.
+                    let at88 = libm::expf(88.0);
+                    assert!((v - at88).abs() <= 2.5e-7 * at88, "exp_poly({x}) = {v}");
+                } else {
+                    assert!(
+                        (v - want).abs() <= 2.5e-7 * want,
+                        "exp_poly({x}) = {v}, libm {want}"
+                    );
+                }
             }
         }
     }
@@ -530,7 +847,7 @@ mod tests {
     /// Sums of `xs` × `ws` over `0..n` through `rows_fma` or `pack_panel` + `panel_fma`, in
     /// k-blocks of `kstep` (0: one block), compacted to `[t·rows + r]`.
     fn project(
-        isa: Isa,
+        isa: Path,
         n: usize,
         xs: &[&[f32]],
         ws: Rows<'_, '_>,
@@ -559,7 +876,7 @@ mod tests {
 
     #[test]
     fn projection_kernels_agree_bitwise_and_match_f64() {
-        for isa in Isa::all_supported() {
+        for isa in paths() {
             for n in [1usize, 7, 8, 9, 37, 300] {
                 let tokens = 13;
                 let xv: Vec<Vec<f32>> = (0..tokens).map(|t| rnd(n, 50 + t as u32)).collect();
@@ -573,6 +890,15 @@ mod tests {
                 let wbs: Vec<&[bf16]> = wbv.iter().map(|v| v.as_slice()).collect();
                 let full = project(isa, n, &xs, Rows::F32(&ws), 0, false);
                 let fullb = project(isa, n, &xs, Rows::Bf16(&wbs), 0, false);
+                if exact(isa) {
+                    // The generic kernels over plain lanes: the reference loops' bits.
+                    let r = project(Path::Reference, n, &xs, Rows::F32(&ws), 0, false);
+                    let rb = project(Path::Reference, n, &xs, Rows::Bf16(&wbs), 0, false);
+                    assert!(
+                        same(isa, &full, &r, 0.0) && same(isa, &fullb, &rb, 0.0),
+                        "{isa:?}"
+                    );
+                }
                 for t in 0..tokens {
                     for r in 0..DIRECT {
                         let want: f64 = (0..n).map(|i| xv[t][i] as f64 * wv[r][i] as f64).sum();
@@ -631,7 +957,7 @@ mod tests {
 
     #[test]
     fn panel_layout_kernel_matches_the_row_kernels_bitwise() {
-        for isa in Isa::all_supported() {
+        for isa in paths() {
             for n in [1usize, 5, 16, 37, 130] {
                 let xv: Vec<Vec<f32>> = (0..4).map(|t| rnd(n, 7 + t as u32)).collect();
                 let wv: Vec<Vec<bf16>> = (0..4 * PANEL)
@@ -726,12 +1052,14 @@ mod tests {
             f32::NEG_INFINITY,
             f32::NAN,
         ]);
-        for isa in Isa::all_supported() {
+        for isa in paths() {
             let mut y = xs.clone();
             exp_in_place(isa, &mut y);
             for (&x, &v) in xs.iter().zip(&y) {
                 let want = libm::expf(x);
-                if x.is_nan() {
+                if exact(isa) {
+                    assert!(v.to_bits() == want.to_bits() || v.is_nan() && want.is_nan());
+                } else if x.is_nan() {
                     assert!(v.is_nan());
                 } else if x < -87.5 {
                     assert!(v == 0.0 || (v - want).abs() < 1e-37, "{x}: {v}");
@@ -746,8 +1074,24 @@ mod tests {
     }
 
     #[test]
+    fn read_probe_sums_everything_once() {
+        for isa in paths().into_iter().chain([Path::Reference]) {
+            for n in [0usize, 5, 64, 1000, 4096 + 77] {
+                let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+                let want: f32 = data.iter().sum();
+                for streams in [1, 4, 8] {
+                    for prefetch in [false, true] {
+                        let got = read_sum(isa, &data, streams, prefetch);
+                        assert_eq!(got, want, "{isa:?} n={n} streams={streams}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn transpose_every_shape() {
-        for isa in Isa::all_supported() {
+        for isa in paths() {
             for &(r, c) in &[
                 (1usize, 1usize),
                 (8, 8),
@@ -770,7 +1114,7 @@ mod tests {
 
     #[test]
     fn gemm_matches_triple_loop() {
-        for isa in Isa::all_supported() {
+        for isa in paths() {
             for &(m, n, k) in &[
                 (1usize, 1usize, 1usize),
                 (4, 16, 8),

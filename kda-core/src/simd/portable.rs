@@ -203,3 +203,32 @@ pub(super) fn panels_fma(xs: &[&[f32]], panels: &[&[bf16]], k0: usize, k1: usize
         panel_fma_bf16(xs, k0, k1, src, &mut acc[p * PANEL..], 4 * PANEL);
     }
 }
+
+/// [`super::kernels::read_sum`]'s pattern in scalar code.
+pub(super) fn read_sum(data: &[f32], streams: usize) -> f32 {
+    let piece = super::kernels::READ_PIECE;
+    let streams = streams.max(1);
+    let region = data.len() / streams / piece * piece;
+    let mut acc = 0.0f32;
+    for off in (0..region).step_by(piece) {
+        for j in 0..streams {
+            acc += data[j * region + off..][..piece].iter().sum::<f32>();
+        }
+    }
+    acc + data[streams * region..].iter().sum::<f32>()
+}
+
+/// [`super::kernels::fma_peak`] in scalar code: 32 independent chains.
+pub(super) fn fma_peak(iters: usize) -> (usize, f32) {
+    let mut acc = [1.0f32; 32];
+    let (m, a) = (
+        core::hint::black_box(0.999_999f32),
+        core::hint::black_box(1e-7f32),
+    );
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = *v * m + a;
+        }
+    }
+    (iters * 32, acc.iter().sum())
+}

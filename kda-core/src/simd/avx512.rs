@@ -1,0 +1,154 @@
+//! x86-64 AVX-512F: the [`Simd`] mapping (16 lanes, 32 registers) and the kernels' entry
+//! points. Every AVX-512F CPU also has AVX2 and FMA; the 16×16 tile transpose reuses the
+//! AVX2 8×8 one on the four quarters.
+
+use core::arch::x86_64::*;
+
+use half::bf16;
+
+use super::avx2::{transpose8, Avx2};
+use super::vector::{Elem, Simd};
+
+/// Proof that the CPU has AVX-512F, AVX2 and FMA.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    /// # Safety
+    /// The CPU has AVX-512F, AVX2 and FMA.
+    #[inline(always)]
+    pub(crate) unsafe fn new_unchecked() -> Avx512 {
+        Avx512(())
+    }
+}
+
+/// `lo` in lanes 0–7 and `hi` in lanes 8–15.
+#[inline(always)]
+unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
+    let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(hi)))
+}
+
+/// The 8×8 block of rows `rows[0..8]`, columns `k..k + 8`, transposed (8 lanes at a time).
+#[inline(always)]
+unsafe fn quarter<W: Elem>(rows: &[*const W], k: usize) -> [__m256; 8] {
+    let s = Avx2::new_unchecked();
+    let r = |i: usize| rows[i].add(k);
+    transpose8([
+        W::load(s, r(0)),
+        W::load(s, r(1)),
+        W::load(s, r(2)),
+        W::load(s, r(3)),
+        W::load(s, r(4)),
+        W::load(s, r(5)),
+        W::load(s, r(6)),
+        W::load(s, r(7)),
+    ])
+}
+
+// SAFETY (every method): an `Avx512` exists only where the CPU has AVX-512F, AVX2 and FMA;
+// pointer validity is the caller's contract, stated on the trait.
+impl Simd for Avx512 {
+    type F = __m512;
+    type Tile = [__m512; 16];
+    const LANES: usize = 16;
+    const PANEL_TOKENS: usize = 12;
+    const GEMM_ROWS: usize = 12;
+    const DECODE_ROWS: usize = 16;
+    const REGISTERS: usize = 32;
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m512 {
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    fn add(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul_add(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    fn clamp(self, x: __m512, lo: f32, hi: f32) -> __m512 {
+        // max/min return their second operand when either is NaN: x second keeps a NaN.
+        unsafe { _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), x)) }
+    }
+    #[inline(always)]
+    fn round(self, x: __m512) -> __m512 {
+        unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x) }
+    }
+    #[inline(always)]
+    fn pow2i(self, n: __m512) -> __m512 {
+        unsafe {
+            let e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+        }
+    }
+    #[inline(always)]
+    fn zero_below(self, x: __m512, limit: f32, v: __m512) -> __m512 {
+        unsafe {
+            let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(limit));
+            _mm512_maskz_mov_ps(!below, v)
+        }
+    }
+    #[inline(always)]
+    fn reduce_sum(self, v: __m512) -> f32 {
+        unsafe { _mm512_reduce_add_ps(v) }
+    }
+    #[inline(always)]
+    fn prefetch(self, p: *const f32) {
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const bf16) -> __m512 {
+        let h = _mm256_loadu_si256(p as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+    #[inline(always)]
+    unsafe fn broadcast(self, p: *const f32) -> __m512 {
+        _mm512_set1_ps(*p)
+    }
+    #[inline(always)]
+    unsafe fn load_tile<W: Elem>(self, rows: &[*const W], k: usize) -> [__m512; 16] {
+        // Quarters: rows 0–7 / 8–15 × columns k..k+8 / k+8..k+16.
+        let (a, b) = (quarter(rows, k), quarter(&rows[8..], k));
+        let (c, d) = (quarter(rows, k + 8), quarter(&rows[8..], k + 8));
+        [
+            join(a[0], b[0]),
+            join(a[1], b[1]),
+            join(a[2], b[2]),
+            join(a[3], b[3]),
+            join(a[4], b[4]),
+            join(a[5], b[5]),
+            join(a[6], b[6]),
+            join(a[7], b[7]),
+            join(c[0], d[0]),
+            join(c[1], d[1]),
+            join(c[2], d[2]),
+            join(c[3], d[3]),
+            join(c[4], d[4]),
+            join(c[5], d[5]),
+            join(c[6], d[6]),
+            join(c[7], d[7]),
+        ]
+    }
+    #[inline(always)]
+    fn tile_col(self, tile: &[__m512; 16], j: usize) -> __m512 {
+        tile[j]
+    }
+}
+
+super::kernels::instantiate!(Avx512::new_unchecked(), "avx512f,avx2,fma");

@@ -1,0 +1,728 @@
+//! Every SIMD kernel, written once over the [`Simd`] abstraction and instantiated per ISA by
+//! [`instantiate!`] (one `#[target_feature]` entry point per kernel).
+//!
+//! Each kernel accumulates every output as one chain in the same order as the reference loops
+//! of `portable.rs`, so with the portable instantiation (`Lanes<N>`, multiply then add) it gives
+//! their results bitwise at any width; an ISA with FMA differs from them only by the fused
+//! rounding (and `exp`). Width-dependent logic (tiles, blocks, tails) is therefore checked at
+//! 4, 8 and 16 lanes on any machine.
+//!
+//! Contract of every function here: the caller (the safe wrappers in `simd/mod.rs`) has
+//! checked the slice lengths, and the token proves the CPU has the ISA; all pointer offsets
+//! stay within the checked lengths.
+
+use half::bf16;
+
+use super::vector::{column, Elem, Simd, MAX_LANES};
+use super::{DIRECT, PANEL};
+
+/// `y[i] += a·x[i]` (`x` at least as long as `y`).
+#[inline(always)]
+pub(crate) unsafe fn axpy<S: Simd>(s: S, a: f32, x: &[f32], y: &mut [f32]) {
+    let n = y.len();
+    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    let av = s.splat(a);
+    let mut i = 0;
+    while i + S::LANES <= n {
+        let v = s.mul_add(av, s.load(xp.add(i)), s.load(yp.add(i)));
+        s.store(yp.add(i), v);
+        i += S::LANES;
+    }
+    if i < n {
+        let r = n - i;
+        let v = s.mul_add(
+            av,
+            s.load_partial(xp.add(i), r),
+            s.load_partial(yp.add(i), r),
+        );
+        s.store_partial(yp.add(i), r, v);
+    }
+}
+
+/// One key row of recurrence pass 1: `s[i] *= decay; p[i] += k·s[i]` (`p` as long as `s`).
+#[inline(always)]
+pub(crate) unsafe fn decay_predict<S: Simd>(
+    s: S,
+    row: &mut [f32],
+    decay: f32,
+    k: f32,
+    p: &mut [f32],
+) {
+    let n = row.len();
+    let (sp, pp) = (row.as_mut_ptr(), p.as_mut_ptr());
+    let (dv, kv) = (s.splat(decay), s.splat(k));
+    let mut i = 0;
+    while i + S::LANES <= n {
+        let sv = s.mul(s.load(sp.add(i)), dv);
+        s.store(sp.add(i), sv);
+        s.store(pp.add(i), s.mul_add(kv, sv, s.load(pp.add(i))));
+        i += S::LANES;
+    }
+    if i < n {
+        let r = n - i;
+        let sv = s.mul(s.load_partial(sp.add(i), r), dv);
+        s.store_partial(sp.add(i), r, sv);
+        let pv = s.mul_add(kv, sv, s.load_partial(pp.add(i), r));
+        s.store_partial(pp.add(i), r, pv);
+    }
+}
+
+/// One key row of recurrence pass 2: `s[i] += k·delta[i]; o[i] += q·s[i]`.
+#[inline(always)]
+unsafe fn write_read<S: Simd>(s: S, row: &mut [f32], k: f32, delta: &[f32], q: f32, o: &mut [f32]) {
+    let n = row.len();
+    let (sp, dp, op) = (row.as_mut_ptr(), delta.as_ptr(), o.as_mut_ptr());
+    let (kv, qv) = (s.splat(k), s.splat(q));
+    let mut i = 0;
+    while i + S::LANES <= n {
+        let sv = s.mul_add(kv, s.load(dp.add(i)), s.load(sp.add(i)));
+        s.store(sp.add(i), sv);
+        s.store(op.add(i), s.mul_add(qv, sv, s.load(op.add(i))));
+        i += S::LANES;
+    }
+    if i < n {
+        let r = n - i;
+        let sv = s.mul_add(
+            kv,
+            s.load_partial(dp.add(i), r),
+            s.load_partial(sp.add(i), r),
+        );
+        s.store_partial(sp.add(i), r, sv);
+        let ov = s.mul_add(qv, sv, s.load_partial(op.add(i), r));
+        s.store_partial(op.add(i), r, ov);
+    }
+}
+
+/// Pass 1 over a state `[K, V]` (`V = p.len()`, `s` a whole number of rows): for each key
+/// row `d`, `s[d] *= decay[d]; p += k[d]·s[d]`.
+#[inline(always)]
+pub(crate) unsafe fn decay_predict_rows<S: Simd>(
+    s: S,
+    state: &mut [f32],
+    k: &[f32],
+    decay: &[f32],
+    p: &mut [f32],
+) {
+    for ((row, &kd), &a) in state.chunks_exact_mut(p.len()).zip(k).zip(decay) {
+        decay_predict(s, row, a, kd, p);
+    }
+}
+
+/// Pass 2 over a state `[K, V]` (`V = o.len()`): for each key row `d`,
+/// `s[d] += k[d]·delta; o += (q[d]·scale)·s[d]`.
+#[inline(always)]
+pub(crate) unsafe fn write_read_rows<S: Simd>(
+    s: S,
+    state: &mut [f32],
+    k: &[f32],
+    delta: &[f32],
+    (q, scale): (&[f32], f32),
+    o: &mut [f32],
+) {
+    for ((row, &kd), &qd) in state.chunks_exact_mut(o.len()).zip(k).zip(q) {
+        write_read(s, row, kd, delta, qd * scale, o);
+    }
+}
+
+/// `x[i] = e^{x[i]}`.
+#[inline(always)]
+pub(crate) unsafe fn exp_in_place<S: Simd>(s: S, x: &mut [f32]) {
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    let mut i = 0;
+    while i + S::LANES <= n {
+        s.store(p.add(i), s.exp(s.load(p.add(i))));
+        i += S::LANES;
+    }
+    if i < n {
+        let r = n - i;
+        s.store_partial(p.add(i), r, s.exp(s.load_partial(p.add(i), r)));
+    }
+}
+
+/// The operands of `C += A·B` (row-major, leading dimensions in elements).
+#[derive(Clone, Copy)]
+pub(crate) struct Gemm {
+    /// `A` `[m, k]`.
+    pub a: *const f32,
+    /// Row stride of `A`.
+    pub lda: usize,
+    /// `B` `[k, n]`.
+    pub b: *const f32,
+    /// Row stride of `B`.
+    pub ldb: usize,
+    /// `C` `[m, n]`.
+    pub c: *mut f32,
+    /// Row stride of `C`.
+    pub ldc: usize,
+    /// The reduction length.
+    pub k: usize,
+}
+
+/// One `MR`-row × `NV` vectors register block of `C += A·B` at rows `i`, columns `j`: each
+/// element is one chain from its old value over `p` in order.
+#[inline(always)]
+unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
+    s: S,
+    i: usize,
+    j: usize,
+    g: &Gemm,
+) {
+    let mut acc = [[s.splat(0.0); NV]; MR];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        for (v, acc) in acc.iter_mut().enumerate() {
+            *acc = s.load(g.c.add((i + r) * g.ldc + j + v * S::LANES));
+        }
+    }
+    for p in 0..g.k {
+        let bp = g.b.add(p * g.ldb + j);
+        let mut bv = [s.splat(0.0); NV];
+        for (v, bv) in bv.iter_mut().enumerate() {
+            *bv = s.load(bp.add(v * S::LANES));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let av = s.broadcast(g.a.add((i + r) * g.lda + p));
+            for v in 0..NV {
+                acc[v] = s.mul_add(av, bv[v], acc[v]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, acc) in acc.iter().enumerate() {
+            s.store(g.c.add((i + r) * g.ldc + j + v * S::LANES), *acc);
+        }
+    }
+}
+
+/// All `m` rows of one column panel `NV` vectors wide: blocks of [`Simd::GEMM_ROWS`], then
+/// blocks of 6, then the remainder.
+#[inline(always)]
+unsafe fn gemm_panel<S: Simd, const NV: usize>(s: S, m: usize, j: usize, g: &Gemm) {
+    let mut i = 0;
+    if S::GEMM_ROWS >= 12 {
+        while i + 12 <= m {
+            gemm_block::<S, 12, NV>(s, i, j, g);
+            i += 12;
+        }
+    }
+    while i + 6 <= m {
+        gemm_block::<S, 6, NV>(s, i, j, g);
+        i += 6;
+    }
+    match m - i {
+        5 => gemm_block::<S, 5, NV>(s, i, j, g),
+        4 => gemm_block::<S, 4, NV>(s, i, j, g),
+        3 => gemm_block::<S, 3, NV>(s, i, j, g),
+        2 => gemm_block::<S, 2, NV>(s, i, j, g),
+        1 => gemm_block::<S, 1, NV>(s, i, j, g),
+        _ => {}
+    }
+}
+
+/// `C[m×n] += A[m×k]·B[k×n]`: column panels of two vectors (then one) outer, so each panel of
+/// `B` stays in L1 while the row blocks of `A` stream past it; the last `n % LANES` columns
+/// one element at a time.
+#[inline(always)]
+pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
+    let l = S::LANES;
+    let mut j = 0;
+    while j + 2 * l <= n {
+        gemm_panel::<S, 2>(s, m, j, g);
+        j += 2 * l;
+    }
+    if j + l <= n {
+        gemm_panel::<S, 1>(s, m, j, g);
+        j += l;
+    }
+    for jj in j..n {
+        for i in 0..m {
+            let c = g.c.add(i * g.ldc + jj);
+            let mut acc = *c;
+            for p in 0..g.k {
+                acc += *g.a.add(i * g.lda + p) * *g.b.add(p * g.ldb + jj);
+            }
+            *c = acc;
+        }
+    }
+}
+
+/// `dst[c·ldd + r] = src[r·lds + c]` for a `rows × cols` block: `LANES × LANES` tiles through
+/// registers, scalar edges.
+#[inline(always)]
+pub(crate) unsafe fn transpose<S: Simd>(
+    s: S,
+    (rows, cols): (usize, usize),
+    (src, lds): (&[f32], usize),
+    (dst, ldd): (&mut [f32], usize),
+) {
+    let l = S::LANES;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let (rl, cl) = (rows / l * l, cols / l * l);
+    let mut r = 0;
+    while r < rl {
+        let rp: [*const f32; MAX_LANES] =
+            core::array::from_fn(|i| sp.add((r + i.min(l - 1)) * lds));
+        let mut c = 0;
+        while c < cl {
+            let tile = s.load_tile(&rp, c);
+            for j in 0..l {
+                s.store(dp.add((c + j) * ldd + r), s.tile_col(&tile, j));
+            }
+            c += l;
+        }
+        for cc in cl..cols {
+            for i in 0..l {
+                *dp.add(cc * ldd + r + i) = *sp.add((r + i) * lds + cc);
+            }
+        }
+        r += l;
+    }
+    for rr in rl..rows {
+        for cc in 0..cols {
+            *dp.add(cc * ldd + rr) = *sp.add(rr * lds + cc);
+        }
+    }
+}
+
+/// Row pointers of a tile of weight rows, the last row repeated to fill `N`.
+#[inline(always)]
+fn row_ptrs<W, const N: usize>(ws: &[&[W]]) -> [*const W; N] {
+    core::array::from_fn(|r| ws[r.min(ws.len() - 1)].as_ptr())
+}
+
+/// `panel[(k − k0)·16 + r] = W[r][k]` for `k0 ≤ k < k1` (rows past the last repeat it):
+/// tiles transposed in registers, bf16 widened on the way, one column at a time at the end.
+#[inline(always)]
+pub(crate) unsafe fn pack_panel<S: Simd, W: Elem>(
+    s: S,
+    ws: &[&[W]],
+    k0: usize,
+    k1: usize,
+    panel: &mut [f32],
+) {
+    let l = S::LANES;
+    let rp: [*const W; PANEL] = row_ptrs(ws);
+    let pp = panel.as_mut_ptr();
+    let mut k = k0;
+    while k + l <= k1 {
+        for g in 0..PANEL / l {
+            let tile = s.load_tile(&rp[g * l..], k);
+            for j in 0..l {
+                s.store(pp.add((k - k0 + j) * PANEL + g * l), s.tile_col(&tile, j));
+            }
+        }
+        k += l;
+    }
+    while k < k1 {
+        for g in 0..PANEL / l {
+            s.store(pp.add((k - k0) * PANEL + g * l), column(s, &rp[g * l..], k));
+        }
+        k += 1;
+    }
+}
+
+/// At most this many vectors per 16 outputs (4-lane ISAs).
+const MAX_PER_PANEL: usize = 4;
+
+/// `MT` tokens × 16 outputs of the packed GEMM, continued over `kc` steps of a panel.
+#[inline(always)]
+unsafe fn panel_block<S: Simd, W: Elem, const MT: usize>(
+    s: S,
+    x: [*const f32; MT],
+    kc: usize,
+    panel: *const W,
+    acc: *mut f32,
+) {
+    let vp = PANEL / S::LANES;
+    let mut a = [[s.splat(0.0); MAX_PER_PANEL]; MT];
+    for (t, a) in a.iter_mut().enumerate() {
+        for (v, a) in a.iter_mut().enumerate().take(vp) {
+            *a = s.load(acc.add(t * PANEL + v * S::LANES));
+        }
+    }
+    for p in 0..kc {
+        let mut b = [s.splat(0.0); MAX_PER_PANEL];
+        for (v, b) in b.iter_mut().enumerate().take(vp) {
+            *b = W::load(s, panel.add(p * PANEL + v * S::LANES));
+        }
+        for (t, a) in a.iter_mut().enumerate() {
+            let xv = s.broadcast(x[t].add(p));
+            for v in 0..vp {
+                a[v] = s.mul_add(xv, b[v], a[v]);
+            }
+        }
+    }
+    for (t, a) in a.iter().enumerate() {
+        for (v, a) in a.iter().enumerate().take(vp) {
+            s.store(acc.add(t * PANEL + v * S::LANES), *a);
+        }
+    }
+}
+
+/// Continues `acc[t·16 + r]` over `k0..k1` from a packed panel (f32, or bf16 in the panel
+/// layout, widened as it is loaded), tokens in blocks of [`Simd::PANEL_TOKENS`].
+#[inline(always)]
+pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
+    s: S,
+    xs: &[&[f32]],
+    k0: usize,
+    k1: usize,
+    panel: &[W],
+    acc: &mut [f32],
+) {
+    let (pp, ap) = (panel.as_ptr(), acc.as_mut_ptr());
+    let kc = k1 - k0;
+    for (g, xg) in xs.chunks(S::PANEL_TOKENS).enumerate() {
+        let a = ap.add(g * S::PANEL_TOKENS * PANEL);
+        macro_rules! block {
+            ($mt:literal) => {{
+                let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr().add(k0));
+                panel_block::<S, W, $mt>(s, x, kc, pp, a)
+            }};
+        }
+        match xg.len() {
+            12 => block!(12),
+            11 => block!(11),
+            10 => block!(10),
+            9 => block!(9),
+            8 => block!(8),
+            7 => block!(7),
+            6 => block!(6),
+            5 => block!(5),
+            4 => block!(4),
+            3 => block!(3),
+            2 => block!(2),
+            _ => block!(1),
+        }
+    }
+}
+
+/// `MT` tokens × `G` vectors of weight rows straight from the row-major weights: each tile
+/// is transposed in registers and consumed at once (no packing, for decode).
+#[inline(always)]
+unsafe fn rows_block<S: Simd, W: Elem, const MT: usize, const G: usize>(
+    s: S,
+    x: [*const f32; MT],
+    rp: &[*const W],
+    (k0, k1): (usize, usize),
+    acc: *mut f32,
+) {
+    let l = S::LANES;
+    let mut a = [[s.splat(0.0); G]; MT];
+    for (t, a) in a.iter_mut().enumerate() {
+        for (g, a) in a.iter_mut().enumerate() {
+            *a = s.load(acc.add(t * DIRECT + g * l));
+        }
+    }
+    let mut k = k0;
+    while k + l <= k1 {
+        for g in 0..G {
+            let tile = s.load_tile(&rp[g * l..], k);
+            for j in 0..l {
+                let c = s.tile_col(&tile, j);
+                for (t, a) in a.iter_mut().enumerate() {
+                    a[g] = s.mul_add(s.broadcast(x[t].add(k + j)), c, a[g]);
+                }
+            }
+        }
+        k += l;
+    }
+    while k < k1 {
+        for g in 0..G {
+            let c = column(s, &rp[g * l..], k);
+            for (t, a) in a.iter_mut().enumerate() {
+                a[g] = s.mul_add(s.broadcast(x[t].add(k)), c, a[g]);
+            }
+        }
+        k += 1;
+    }
+    for (t, a) in a.iter().enumerate() {
+        for (g, a) in a.iter().enumerate() {
+            s.store(acc.add(t * DIRECT + g * l), *a);
+        }
+    }
+}
+
+/// Continues `acc[t·32 + r]` over `k0..k1` straight from up to 32 weight rows. One token
+/// (decode) streams [`Simd::DECODE_ROWS`] rows at a time; more tokens go 16 rows × up to 4
+/// tokens at a time.
+#[inline(always)]
+pub(crate) unsafe fn rows_fma<S: Simd, W: Elem>(
+    s: S,
+    xs: &[&[f32]],
+    ws: &[&[W]],
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
+    let rp: [*const W; DIRECT] = row_ptrs(ws);
+    let ap = acc.as_mut_ptr();
+    if xs.len() == 1 {
+        let (x, step) = ([xs[0].as_ptr()], S::DECODE_ROWS);
+        for r in (0..ws.len()).step_by(step) {
+            let (rr, a) = (&rp[r..], ap.add(r));
+            match step / S::LANES {
+                1 => rows_block::<S, W, 1, 1>(s, x, rr, (k0, k1), a),
+                2 => rows_block::<S, W, 1, 2>(s, x, rr, (k0, k1), a),
+                _ => rows_block::<S, W, 1, 4>(s, x, rr, (k0, k1), a),
+            }
+        }
+        return;
+    }
+    for r in (0..ws.len()).step_by(16) {
+        let rr = &rp[r..];
+        for (g, xg) in xs.chunks(4).enumerate() {
+            let a = ap.add(g * 4 * DIRECT + r);
+            macro_rules! block {
+                ($mt:literal) => {{
+                    let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr());
+                    match 16 / S::LANES {
+                        1 => rows_block::<S, W, $mt, 1>(s, x, rr, (k0, k1), a),
+                        2 => rows_block::<S, W, $mt, 2>(s, x, rr, (k0, k1), a),
+                        _ => rows_block::<S, W, $mt, 4>(s, x, rr, (k0, k1), a),
+                    }
+                }};
+            }
+            match xg.len() {
+                4 => block!(4),
+                3 => block!(3),
+                2 => block!(2),
+                _ => block!(1),
+            }
+        }
+    }
+}
+
+/// `MT` tokens × `P` panels of 16 rows straight from bf16 panel-layout weights (element
+/// `(k, r)` of panel `p` at `pp[p] + 16k + r`); `acc` rows are `4·PANEL` apart per token.
+#[inline(always)]
+unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
+    s: S,
+    x: [*const f32; MT],
+    pp: [*const bf16; P],
+    (k0, k1): (usize, usize),
+    acc: *mut f32,
+) {
+    let vp = PANEL / S::LANES;
+    let at = |t: usize, p: usize, v: usize| t * 4 * PANEL + p * PANEL + v * S::LANES;
+    let mut a = [[[s.splat(0.0); MAX_PER_PANEL]; P]; MT];
+    for (t, a) in a.iter_mut().enumerate() {
+        for (p, a) in a.iter_mut().enumerate() {
+            for (v, a) in a.iter_mut().enumerate().take(vp) {
+                *a = s.load(acc.add(at(t, p, v)));
+            }
+        }
+    }
+    for k in k0..k1 {
+        let mut xv = [s.splat(0.0); MT];
+        for (xv, x) in xv.iter_mut().zip(x) {
+            *xv = s.broadcast(x.add(k));
+        }
+        for (p, pp) in pp.iter().enumerate() {
+            let mut b = [s.splat(0.0); MAX_PER_PANEL];
+            for (v, b) in b.iter_mut().enumerate().take(vp) {
+                *b = s.load_bf16(pp.add(k * PANEL + v * S::LANES));
+            }
+            for (t, xv) in xv.iter().enumerate() {
+                for v in 0..vp {
+                    a[t][p][v] = s.mul_add(*xv, b[v], a[t][p][v]);
+                }
+            }
+        }
+    }
+    for (t, a) in a.iter().enumerate() {
+        for (p, a) in a.iter().enumerate() {
+            for (v, a) in a.iter().enumerate().take(vp) {
+                s.store(acc.add(at(t, p, v)), *a);
+            }
+        }
+    }
+}
+
+/// Continues `acc[t·64 + 16p + r]` over `k0..k1` for up to 4 tokens × up to 4 panels: one
+/// token takes all panels at once, more tokens fewer.
+#[inline(always)]
+pub(crate) unsafe fn panels_fma<S: Simd>(
+    s: S,
+    xs: &[&[f32]],
+    panels: &[&[bf16]],
+    k0: usize,
+    k1: usize,
+    acc: &mut [f32],
+) {
+    let ap = acc.as_mut_ptr();
+    let per = match xs.len() {
+        1 => 4,
+        2 => 2,
+        _ => 1,
+    };
+    let mut p0 = 0;
+    while p0 < panels.len() {
+        let np = (panels.len() - p0).min(per);
+        let a = ap.add(p0 * PANEL);
+        macro_rules! block {
+            ($mt:literal, $p:literal) => {{
+                let x: [*const f32; $mt] = core::array::from_fn(|t| xs[t].as_ptr());
+                let pp: [*const bf16; $p] = core::array::from_fn(|p| panels[p0 + p].as_ptr());
+                panels_block::<S, $mt, $p>(s, x, pp, (k0, k1), a)
+            }};
+        }
+        match (xs.len(), np) {
+            (1, 4) => block!(1, 4),
+            (1, 3) => block!(1, 3),
+            (1, 2) => block!(1, 2),
+            (1, _) => block!(1, 1),
+            (2, 2) => block!(2, 2),
+            (2, _) => block!(2, 1),
+            (3, _) => block!(3, 1),
+            _ => block!(4, 1),
+        }
+        p0 += np;
+    }
+}
+
+/// f32 per piece of [`read_sum`]: 256 bytes, four cache lines.
+pub(crate) const READ_PIECE: usize = 64;
+
+/// The sum of `data`, read as `streams` far-apart regions interleaved piece by piece (the
+/// access pattern of a projection streaming several weight rows), with the widest loads,
+/// four independent accumulators and, when `prefetch`, a software prefetch 1 KiB ahead in
+/// each stream: a read-bandwidth probe, not a numerically careful sum.
+#[inline(always)]
+pub(crate) unsafe fn read_sum<S: Simd>(s: S, data: &[f32], streams: usize, prefetch: bool) -> f32 {
+    let (l, p) = (S::LANES, data.as_ptr());
+    let streams = streams.max(1);
+    let region = data.len() / streams / READ_PIECE * READ_PIECE;
+    let mut acc = [s.splat(0.0); 4];
+    for off in (0..region).step_by(READ_PIECE) {
+        for j in 0..streams {
+            let q = p.add(j * region + off);
+            if prefetch {
+                // Never faults, so an address past the end is harmless (wrapping: no UB).
+                s.prefetch(q.wrapping_add(256));
+            }
+            for v in (0..READ_PIECE).step_by(4 * l) {
+                for (u, a) in acc.iter_mut().enumerate() {
+                    *a = s.add(*a, s.load(q.add(v + u * l)));
+                }
+            }
+        }
+    }
+    let tail: f32 = data[streams * region..].iter().sum();
+    let a = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
+    s.reduce_sum(a) + tail
+}
+
+/// The FMA peak probe: `3/4` of the registers as independent `x ← x·m + a` chains (enough to
+/// cover the FMA latency on every pipe), `iters` rounds. Returns (FMAs done, a value to keep
+/// the work alive).
+#[inline(always)]
+pub(crate) fn fma_peak<S: Simd>(s: S, iters: usize) -> (usize, f32) {
+    let chains = S::REGISTERS * 3 / 4;
+    let m = s.splat(core::hint::black_box(0.999_999));
+    let a = s.splat(core::hint::black_box(1e-7));
+    let mut acc = [s.splat(1.0); 24];
+    for _ in 0..iters {
+        for v in acc.iter_mut().take(chains) {
+            *v = s.mul_add(*v, m, a);
+        }
+    }
+    let mut total = s.splat(0.0);
+    for v in acc.iter().take(chains) {
+        total = s.add(total, *v);
+    }
+    (iters * chains * S::LANES, s.reduce_sum(total))
+}
+
+/// Defines, in the invoking module, one entry point per kernel for the token `$token`
+/// (an expression making it), each with `#[target_feature(enable = $features)]` when given.
+/// Their contract is that of the kernels: lengths checked by the caller, and the CPU has the
+/// features.
+macro_rules! instantiate {
+    ($token:expr $(, $features:literal)?) => {
+        #[allow(unused_imports)]
+        use $crate::simd::kernels as k;
+
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+            k::axpy($token, a, x, y)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn decay_predict(s: &mut [f32], decay: f32, kd: f32, p: &mut [f32]) {
+            k::decay_predict($token, s, decay, kd, p)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn decay_predict_rows(s: &mut [f32], kd: &[f32], decay: &[f32], p: &mut [f32]) {
+            k::decay_predict_rows($token, s, kd, decay, p)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn write_read_rows(
+            s: &mut [f32],
+            kd: &[f32],
+            delta: &[f32],
+            q: (&[f32], f32),
+            o: &mut [f32],
+        ) {
+            k::write_read_rows($token, s, kd, delta, q, o)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn exp_in_place(x: &mut [f32]) {
+            k::exp_in_place($token, x)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn gemm_acc(m: usize, n: usize, g: &k::Gemm) {
+            k::gemm_acc($token, m, n, g)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn transpose(
+            shape: (usize, usize),
+            src: (&[f32], usize),
+            dst: (&mut [f32], usize),
+        ) {
+            k::transpose($token, shape, src, dst)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn pack_panel<W: $crate::simd::vector::Elem>(ws: &[&[W]], k0: usize, k1: usize, panel: &mut [f32]) {
+            k::pack_panel($token, ws, k0, k1, panel)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn panel_fma<W: $crate::simd::vector::Elem>(
+            xs: &[&[f32]],
+            k0: usize,
+            k1: usize,
+            panel: &[W],
+            acc: &mut [f32],
+        ) {
+            k::panel_fma($token, xs, k0, k1, panel, acc)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn rows_fma<W: $crate::simd::vector::Elem>(
+            xs: &[&[f32]],
+            ws: &[&[W]],
+            k0: usize,
+            k1: usize,
+            acc: &mut [f32],
+        ) {
+            k::rows_fma($token, xs, ws, k0, k1, acc)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn fma_peak(iters: usize) -> (usize, f32) {
+            k::fma_peak($token, iters)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn read_sum(data: &[f32], streams: usize, prefetch: bool) -> f32 {
+            k::read_sum($token, data, streams, prefetch)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn panels_fma(
+            xs: &[&[f32]],
+            panels: &[&[half::bf16]],
+            k0: usize,
+            k1: usize,
+            acc: &mut [f32],
+        ) {
+            k::panels_fma($token, xs, panels, k0, k1, acc)
+        }
+    };
+}
+pub(crate) use instantiate;

@@ -1,0 +1,197 @@
+//! The vector abstraction every SIMD kernel is written over (candle / pulp style, our own
+//! trait rather than a dependency; see ARCHITECTURE.md for why).
+//!
+//! An instruction set is a zero-sized *token* type implementing [`Simd`]. A token can only be
+//! made where the CPU has the instruction set (its constructor is `unsafe`), so the trait's
+//! arithmetic is safe to call; loads and stores take raw pointers and are `unsafe`. Kernels
+//! (`kernels.rs`) are generic over the token and `#[inline(always)]`; each ISA file
+//! instantiates them inside one `#[target_feature]` function per kernel, where everything
+//! inlines into straight vector code.
+//!
+//! What an ISA provides is deliberately small: width, load/store (f32 and widened bf16),
+//! add/mul/fused multiply-add, clamp, round, 2ⁿ, a flush, a horizontal sum and a
+//! `LANES × LANES` tile load that transposes in registers. `exp` is written once here
+//! ([`exp_poly`]) from those operations.
+
+use half::bf16;
+
+/// One instruction set's vector of `LANES` f32 values and the operations the kernels use.
+///
+/// Every arithmetic operation works lane by lane; `mul_add` is fused on ISAs with FMA and a
+/// multiply followed by an add on the portable instantiation, which is the only difference
+/// between them besides [`Simd::exp`].
+pub(crate) trait Simd: Copy {
+    /// A vector of [`Simd::LANES`] f32.
+    type F: Copy;
+    /// `LANES` vectors holding a `LANES × LANES` block (see [`Simd::load_tile`]).
+    type Tile: Copy;
+    /// f32 lanes per vector (4, 8 or 16).
+    const LANES: usize;
+    /// Tokens per block of the packed projection GEMM (`panel_fma`): chosen so the
+    /// accumulators and the panel loads fit the ISA's registers.
+    const PANEL_TOKENS: usize;
+    /// Rows per block of the small dense GEMM (`gemm_acc`).
+    const GEMM_ROWS: usize;
+    /// Weight rows streamed at once by one-token decode (`rows_fma`).
+    const DECODE_ROWS: usize;
+    /// Vector registers of the ISA.
+    const REGISTERS: usize;
+
+    /// `x` in every lane.
+    fn splat(self, x: f32) -> Self::F;
+    /// `a + b`.
+    fn add(self, a: Self::F, b: Self::F) -> Self::F;
+    /// `a · b`.
+    fn mul(self, a: Self::F, b: Self::F) -> Self::F;
+    /// `a · b + c` (fused where the ISA has FMA).
+    fn mul_add(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// `min(hi, max(lo, x))`, with a NaN in `x` kept.
+    fn clamp(self, x: Self::F, lo: f32, hi: f32) -> Self::F;
+    /// Rounds to the nearest integer, ties to even.
+    fn round(self, x: Self::F) -> Self::F;
+    /// `2ⁿ` for integral `n` in `[−127, 127]` (`n = −127` gives 0).
+    fn pow2i(self, n: Self::F) -> Self::F;
+    /// `v`, with 0 in the lanes where `x < limit` (an ordered compare: NaN lanes keep `v`).
+    fn zero_below(self, x: Self::F, limit: f32, v: Self::F) -> Self::F;
+    /// The sum of the lanes (a fixed order per ISA).
+    fn reduce_sum(self, v: Self::F) -> f32;
+
+    /// Hints the CPU to fetch the cache line at `p` (never faults; a no-op by default).
+    #[inline(always)]
+    fn prefetch(self, p: *const f32) {
+        let _ = p;
+    }
+
+    /// `LANES` f32 at `p`.
+    ///
+    /// # Safety
+    /// `p` is valid for reading `LANES` f32.
+    unsafe fn load(self, p: *const f32) -> Self::F;
+    /// Stores `v` at `p`.
+    ///
+    /// # Safety
+    /// `p` is valid for writing `LANES` f32.
+    unsafe fn store(self, p: *mut f32, v: Self::F);
+    /// `LANES` bf16 at `p`, widened to f32.
+    ///
+    /// # Safety
+    /// `p` is valid for reading `LANES` bf16.
+    unsafe fn load_bf16(self, p: *const bf16) -> Self::F;
+    /// `*p` in every lane.
+    ///
+    /// # Safety
+    /// `p` is valid for reading one f32.
+    #[inline(always)]
+    unsafe fn broadcast(self, p: *const f32) -> Self::F {
+        self.splat(*p)
+    }
+    /// The first `n < LANES` f32 at `p`, zeros after.
+    ///
+    /// # Safety
+    /// `p` is valid for reading `n` f32.
+    #[inline(always)]
+    unsafe fn load_partial(self, p: *const f32, n: usize) -> Self::F {
+        let mut buf = [0.0f32; MAX_LANES];
+        core::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n.min(Self::LANES));
+        self.load(buf.as_ptr())
+    }
+    /// Stores the first `n < LANES` lanes of `v` at `p`.
+    ///
+    /// # Safety
+    /// `p` is valid for writing `n` f32.
+    #[inline(always)]
+    unsafe fn store_partial(self, p: *mut f32, n: usize, v: Self::F) {
+        let mut buf = [0.0f32; MAX_LANES];
+        self.store(buf.as_mut_ptr(), v);
+        core::ptr::copy_nonoverlapping(buf.as_ptr(), p, n.min(Self::LANES));
+    }
+
+    /// Loads `LANES` values from each of the `LANES` rows `rows[i] + k` and transposes them:
+    /// column `j` of the result ([`Simd::tile_col`]) holds `rows[i][k + j]` for every `i`.
+    ///
+    /// # Safety
+    /// `rows` has at least `LANES` pointers, each valid for reading `k + LANES` elements.
+    unsafe fn load_tile<W: Elem>(self, rows: &[*const W], k: usize) -> Self::Tile;
+    /// Column `j < LANES` of a tile.
+    fn tile_col(self, tile: &Self::Tile, j: usize) -> Self::F;
+
+    /// `e^x` in every lane (the ISAs: [`exp_poly`]; the portable instantiation: `libm`).
+    #[inline(always)]
+    fn exp(self, x: Self::F) -> Self::F {
+        exp_poly(self, x)
+    }
+}
+
+/// The widest vector of any instantiation (AVX-512 and the 16-lane portable one).
+pub(crate) const MAX_LANES: usize = 16;
+
+/// A weight element type: f32, or bf16 widened to f32 as it is loaded.
+pub(crate) trait Elem: Copy {
+    /// `LANES` elements at `p`, as f32.
+    ///
+    /// # Safety
+    /// `p` is valid for reading `S::LANES` elements.
+    unsafe fn load<S: Simd>(s: S, p: *const Self) -> S::F;
+    /// One element as f32.
+    fn widen(self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(s: S, p: *const f32) -> S::F {
+        s.load(p)
+    }
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(s: S, p: *const bf16) -> S::F {
+        s.load_bf16(p)
+    }
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        crate::math::bf16_to_f32(self)
+    }
+}
+
+/// Column `k` of the first `LANES` rows at `rows` as one vector (the scalar edge of a tile).
+///
+/// # Safety
+/// `rows` has at least `LANES` pointers, each valid for reading `k + 1` elements.
+#[inline(always)]
+pub(crate) unsafe fn column<S: Simd, W: Elem>(s: S, rows: &[*const W], k: usize) -> S::F {
+    let mut buf = [0.0f32; MAX_LANES];
+    for (b, r) in buf.iter_mut().zip(&rows[..S::LANES]) {
+        *b = (*r.add(k)).widen();
+    }
+    s.load(buf.as_ptr())
+}
+
+/// `e^x`: `x = n·ln2 + r` with `|r| ≤ ln2/2`, the Cephes degree-6 polynomial in `r`, `2ⁿ`
+/// from exponent bits. Within 2 ulp of `libm::expf` up to 88 (above, `x` is clamped to 88);
+/// below −87.5 the result is flushed to 0; NaN stays NaN.
+#[inline(always)]
+pub(crate) fn exp_poly<S: Simd>(s: S, x: S::F) -> S::F {
+    let xc = s.clamp(x, -88.0, 88.0);
+    let n = s.round(s.mul(xc, s.splat(core::f32::consts::LOG2_E)));
+    // r = x − n·ln2 in two steps (ln2 split into a short head and a tail).
+    let r = s.mul_add(n, s.splat(-0.693_359_4), xc);
+    let r = s.mul_add(n, s.splat(2.121_944_4e-4), r);
+    let mut p = s.splat(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        p = s.mul_add(p, r, s.splat(c));
+    }
+    let r2 = s.mul(r, r);
+    let p = s.mul_add(p, r2, s.add(r, s.splat(1.0)));
+    s.zero_below(x, -87.5, s.mul(p, s.pow2i(n)))
+}
