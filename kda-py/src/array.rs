@@ -82,7 +82,7 @@ impl F32Array {
             .iter()
             .try_fold(1usize, |a, &b| a.checked_mul(b))
             .ok_or_else(|| PyValueError::new_err(format!("{name}: size overflows")))?;
-        if len > 0 && (addr == 0 || addr % std::mem::align_of::<f32>() != 0) {
+        if len > 0 && (addr == 0 || !addr.is_multiple_of(std::mem::align_of::<f32>())) {
             return Err(PyValueError::new_err(format!(
                 "{name}: data pointer is null or not 4-byte aligned"
             )));

@@ -196,7 +196,7 @@ fn fla_shape(a: &[F32Array; 5]) -> Option<[usize; 6]> {
     let ok = k.shape == q.shape
         && (vb, vt) == (b, t)
         && h > 0
-        && hv % h == 0
+        && hv.is_multiple_of(h)
         && (1..=256).contains(&kd)
         && g.shape[..] == [b, t, hv, kd]
         && beta.shape[..] == [b, t, hv]
