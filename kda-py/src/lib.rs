@@ -1,10 +1,12 @@
 //! # kda-py
 //!
 //! The native part (`kda._core`) of the Python package `kda`: fla-compatible `chunk_kda` /
-//! `fused_recurrent_kda` kernels and the KDA layer over kda-host. The Python package
-//! (`python/kda`) checks arguments, converts torch tensors and numpy arrays to contiguous
-//! float32 arrays (without a copy when they already are) and calls the functions here, which
-//! read the arrays in place, release the GIL and compute on a rayon pool.
+//! `fused_recurrent_kda` kernels and the KDA layer over kda-host. The common call (contiguous
+//! float32 torch tensors or numpy arrays) is read, checked and run here in one native call
+//! ([`fast`]; `fused_recurrent_kda` itself is native for that reason). For anything else the
+//! Python package (`python/kda`) checks arguments, converts torch tensors and numpy arrays to
+//! contiguous float32 arrays and calls `delta_rule`. Either way the arrays are read in place,
+//! the GIL is released and the work runs on a rayon pool.
 //!
 //! Every call into kda-core / kda-host goes through [`core_api`].
 #![deny(missing_docs)]
