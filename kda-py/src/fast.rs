@@ -335,72 +335,84 @@ fn threads(a: &FlaArgs<'_, '_>, tasks: usize) -> Option<usize> {
 /// The result of a call that the fast path ran: `(o, final_state or None)`.
 pub type FlaResult<'py> = (Bound<'py, PyAny>, Option<Bound<'py, PyAny>>);
 
-/// The whole fast path: `Ok(None)` declines the call.
-pub fn fla_forward<'py>(
-    py: Python<'py>,
-    qkvgb: [&Bound<'py, PyAny>; 5],
-    a: &FlaArgs<'_, 'py>,
-) -> PyResult<Option<FlaResult<'py>>> {
+/// A call the fast path takes: its arrays seen in place and everything checked.
+struct Call {
+    kind: Kind<'static>,
+    /// q, k, v, g, beta.
+    arrays: [F32Array; 5],
+    /// `B, T, H, K, HV, V`.
+    shape: [usize; 6],
+    gates: GateArrays,
+    flags: Flags,
+    h0: Option<F32Array>,
+    /// `[B, HV, K, V]` or `[B, HV, V, K]`.
+    state_shape: [usize; 4],
+    want_state: bool,
+    threads: usize,
+}
+
+/// The call, if the fast path takes it (`None`: declined).
+fn prepare(qkvgb: [&Bound<'_, PyAny>; 5], a: &FlaArgs<'_, '_>) -> Option<Call> {
     if !a.cu_seqlens.is_none() {
-        return Ok(None);
+        return None;
     }
-    let Some(kind) = Kind::of(qkvgb[0]) else {
-        return Ok(None);
-    };
+    let kind = Kind::of(qkvgb[0])?;
     let names = ["q", "k", "v", "g", "beta"];
-    let views: Option<Vec<F32Array>> = qkvgb
+    let views: Vec<F32Array> = qkvgb
         .iter()
         .zip(names)
         .map(|(x, n)| kind.view(x, n))
-        .collect();
-    let Some(Ok(arrays)) = views.map(<[F32Array; 5]>::try_from) else {
-        return Ok(None);
-    };
-    let Some([b, t, h, kd, hv, vd]) = fla_shape(&arrays) else {
-        return Ok(None);
-    };
-    let Some((form, gates)) = gate(kind, a, hv, kd) else {
-        return Ok(None);
-    };
-    let Some(flags) = flags(a, kd, form) else {
-        return Ok(None);
-    };
-    let Some(h0) = kind.opt_view(a.initial_state, "initial_state") else {
-        return Ok(None);
-    };
+        .collect::<Option<_>>()?;
+    let arrays = <[F32Array; 5]>::try_from(views).ok()?;
+    let shape @ [b, _, _, kd, hv, vd] = fla_shape(&arrays)?;
+    let (form, gates) = gate(kind, a, hv, kd)?;
+    let flags = flags(a, kd, form)?;
+    let h0 = kind.opt_view(a.initial_state, "initial_state")?;
     let state_shape = if flags.v_first {
         [b, hv, vd, kd]
     } else {
         [b, hv, kd, vd]
     };
     if h0.as_ref().is_some_and(|s| s.shape[..] != state_shape) {
-        return Ok(None);
+        return None;
     }
-    let Some(threads) = threads(a, b * hv) else {
-        return Ok(None);
-    };
-    let Ok(want_state) = a.output_final_state.is_truthy() else {
-        return Ok(None);
-    };
-    let (o, o_view) = kind.new_array(py, &[b, t, hv, vd], "o")?;
-    let ht = want_state
-        .then(|| kind.new_array(py, &state_shape, "final_state"))
+    Some(Call {
+        kind,
+        arrays,
+        shape,
+        gates,
+        flags,
+        h0,
+        state_shape,
+        want_state: a.output_final_state.is_truthy().ok()?,
+        threads: threads(a, b * hv)?,
+    })
+}
+
+/// Allocates the outputs of `c` and runs it.
+fn run<'py>(py: Python<'py>, c: &Call) -> PyResult<FlaResult<'py>> {
+    let [b, t, h, kd, hv, vd] = c.shape;
+    let (o, o_view) = c.kind.new_array(py, &[b, t, hv, vd], "o")?;
+    let ht = c
+        .want_state
+        .then(|| c.kind.new_array(py, &c.state_shape, "final_state"))
         .transpose()?;
     let cu: Vec<usize> = (0..=b).map(|i| i * t).collect();
-    let [q, k, v, g, beta] = &arrays;
+    let [q, k, v, g, beta] = &c.arrays;
     let x = Inputs {
         q: q.as_slice(),
         k: k.as_slice(),
         v: v.as_slice(),
         g: g.as_slice(),
         beta: beta.as_slice(),
-        a_log: gates
+        a_log: c
+            .gates
             .a_log
             .as_ref()
             .map(F32Array::as_slice)
-            .or(gates.ones.as_deref()),
-        dt_bias: gates.dt_bias.as_ref().map(F32Array::as_slice),
-        initial_state: h0.as_ref().map(F32Array::as_slice),
+            .or(c.gates.ones.as_deref()),
+        dt_bias: c.gates.dt_bias.as_ref().map(F32Array::as_slice),
+        initial_state: c.h0.as_ref().map(F32Array::as_slice),
         cu_seqlens: &cu,
     };
     let out = Outputs {
@@ -417,6 +429,19 @@ pub fn fla_forward<'py>(
         k: kd,
         v: vd,
     };
-    crate::compute(py, &dims, &x, &flags, out, threads)?;
-    Ok(Some((o, ht.map(|(arr, _)| arr))))
+    crate::compute(py, &dims, &x, &c.flags, out, c.threads)?;
+    Ok((o, ht.map(|(arr, _)| arr)))
+}
+
+/// The whole fast path: `Ok(None)` declines the call. The Python objects behind the views
+/// (`qkvgb` and `a`'s arrays) are the caller's arguments, alive for the whole call.
+pub fn fla_forward<'py>(
+    py: Python<'py>,
+    qkvgb: [&Bound<'py, PyAny>; 5],
+    a: &FlaArgs<'_, 'py>,
+) -> PyResult<Option<FlaResult<'py>>> {
+    match prepare(qkvgb, a) {
+        Some(call) => run(py, &call).map(Some),
+        None => Ok(None),
+    }
 }
