@@ -5,8 +5,9 @@
    ``recurrent_kimi_delta_attention``, what Kimi Linear runs on CPU without fla), at
    T = 4096, H = 32, K = V = 128, one thread everywhere.
 2. Decode: ``kda.fused_recurrent_kda`` for one token at H = 96 (state in, state out): the
-   time of the whole Python call vs the time spent in the Rust kernel (reported by the
-   extension), i.e. the call overhead.
+   time of the whole Python call vs the time spent in the Rust kernel (``delta::run``, timed
+   by the extension in the same call), i.e. the call overhead; median of many calls. The
+   time to free the returned tensors (when the caller drops them) is reported apart.
 
 Run in the CI venv (see .ci/python.sh):  python kda-py/bench/bench_kda.py [--quick]
 """
@@ -79,25 +80,31 @@ def decode(H, K, repeat):
         kw = dict(initial_state=conv(h0), output_final_state=True, use_qk_l2norm_in_kernel=True,
                   use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, A_log=conv(a_log),
                   dt_bias=conv(dt_bias), threads=1)
-        calls, kernels = [], []
+        calls, kernels, frees = [], [], []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            kda.fused_recurrent_kda(*args, **kw)
-            calls.append(time.perf_counter() - t0)
+            r = kda.fused_recurrent_kda(*args, **kw)
+            t1 = time.perf_counter()
+            del r  # freeing the outputs is the caller's, timed apart
+            frees.append(time.perf_counter() - t1)
+            calls.append(t1 - t0)
             kernels.append(kda.last_compute_seconds())
         call, kern = statistics.median(calls), statistics.median(kernels)
         over = [c - k for c, k in zip(calls, kernels)]
         print(f"  {label}: call {call * 1e6:8.1f} us, Rust kernel {kern * 1e6:8.1f} us, "
-              f"overhead median {statistics.median(over) * 1e6:6.1f} us (min {min(over) * 1e6:5.1f} us)")
+              f"overhead median {statistics.median(over) * 1e6:6.1f} us (min {min(over) * 1e6:5.1f} us); "
+              f"freeing the outputs afterwards {statistics.median(frees) * 1e6:4.1f} us")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="T=1024 and one run of the slow references")
+    ap.add_argument("--decode", action="store_true", help="the decode measurement only")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    prefill(1024 if args.quick else 4096, 32, 128, 1)
-    decode(96, 128, 50 if args.quick else 300)
+    if not args.decode:
+        prefill(1024 if args.quick else 4096, 32, 128, 1)
+    decode(96, 128, 50 if args.quick else 1000)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ use kda_core::ops::chunked::Chunks;
 use kda_core::ops::{chunked, gate, norm, recurrent, HeadRows};
 use kda_core::weights::Data;
 use kda_core::DecayGate;
-use kda_core::Isa;
+pub use kda_core::Isa;
 
 pub use kda_host::{HostError, Model, ModelCache, Runner};
 
@@ -110,22 +110,38 @@ impl<'a> HeadTask<'a> {
     }
 }
 
-/// The token-by-token recurrence over one head of one sequence.
-pub fn recurrent_head(isa: Isa, t: HeadTask<'_>, scale: f32) -> CoreResult<()> {
-    let vd = t.state.len() / (t.q.len() / t.beta.len().max(1)).max(1);
-    let kd = t.state.len() / vd.max(1);
-    let mut scratch = vec![0.0f32; recurrent::recurrent_scratch_len(kd, vd)];
-    recurrent::recurrent_head(isa, t.rows(scale), &mut scratch).map_err(msg)
+/// f32 elements of scratch [`recurrent_head`] needs for key dim `k`, value dim `v`.
+pub fn recurrent_scratch_len(k: usize, v: usize) -> usize {
+    recurrent::recurrent_scratch_len(k, v)
+}
+
+/// f32 elements of scratch [`chunked_head`] needs for chunk size `chunk`, key dim `k`, value
+/// dim `v`.
+pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
+    chunked::chunked_scratch_len(chunk, k, v)
+}
+
+/// The token-by-token recurrence over one head of one sequence; `scratch`: at least
+/// [`recurrent_scratch_len`] elements.
+pub fn recurrent_head(
+    isa: Isa,
+    t: HeadTask<'_>,
+    scale: f32,
+    scratch: &mut [f32],
+) -> CoreResult<()> {
+    recurrent::recurrent_head(isa, t.rows(scale), scratch).map_err(msg)
 }
 
 /// The chunked (WY) form over one head of one sequence, chunks of `chunk` tokens from the
-/// sequence start.
-pub fn chunked_head(isa: Isa, t: HeadTask<'_>, scale: f32, chunk: usize) -> CoreResult<()> {
-    let tl = t.beta.len().max(1);
-    let kd = t.q.len() / tl;
-    let vd = t.v_o.len() / tl;
-    let mut scratch = vec![0.0f32; chunked::chunked_scratch_len(chunk, kd, vd)];
-    chunked::chunked_head(isa, t.rows(scale), Chunks::of(chunk), &mut scratch).map_err(msg)
+/// first row; `scratch`: at least [`chunked_scratch_len`] elements.
+pub fn chunked_head(
+    isa: Isa,
+    t: HeadTask<'_>,
+    scale: f32,
+    chunk: usize,
+    scratch: &mut [f32],
+) -> CoreResult<()> {
+    chunked::chunked_head(isa, t.rows(scale), Chunks::of(chunk), scratch).map_err(msg)
 }
 
 /// The shapes of one loaded KDA layer.

@@ -143,14 +143,24 @@ fn validate(d: &Dims, x: &Inputs<'_>, out: &Outputs<'_>, f: &Flags) -> CoreResul
     Ok(n)
 }
 
-/// Copies head `h` of `heads` (row length `dim`) of tokens `t0..t1` of `[T, heads, dim]`.
-fn gather(src: &[f32], t0: usize, t1: usize, heads: usize, h: usize, dim: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity((t1 - t0) * dim);
-    for t in t0..t1 {
+/// Tokens per block of the recurrent form: how many rows of one head are gathered at a time.
+const RECURRENT_BLOCK: usize = 64;
+
+/// Tokens per gathered block: for the chunked form one chunk, so that running the kernel block
+/// by block keeps the sequence's chunk grid (the same results, bit for bit, as one call over
+/// the whole sequence).
+fn block_len(f: &Flags) -> usize {
+    f.chunk.unwrap_or(RECURRENT_BLOCK)
+}
+
+/// Copies head `h` of `heads` (row length `dim`) of tokens `t0..t1` of `[T, heads, dim]` into
+/// `dst` `[t1 − t0, dim]`.
+fn gather_into(dst: &mut [f32], src: &[f32], (t0, t1): (usize, usize), heads: usize, h: usize) {
+    let dim = dst.len() / (t1 - t0).max(1);
+    for (t, row) in (t0..t1).zip(dst.chunks_exact_mut(dim)) {
         let at = (t * heads + h) * dim;
-        out.extend_from_slice(&src[at..at + dim]);
+        row.copy_from_slice(&src[at..at + dim]);
     }
-    out
 }
 
 /// `[a, b]` → `[b, a]` into `out`.
@@ -169,13 +179,137 @@ fn transpose(src: &[f32], a: usize, b: usize) -> Vec<f32> {
     out
 }
 
+/// What every task of one call shares.
+struct Ctx<'c, 'a> {
+    d: &'c Dims,
+    x: &'c Inputs<'a>,
+    f: &'c Flags,
+    isa: core_api::Isa,
+    /// Rows of the largest block any task gathers.
+    block_rows: usize,
+}
+
+impl Ctx<'_, '_> {
+    /// Sequence and value head of task `i`.
+    fn task(&self, i: usize) -> (usize, usize) {
+        (i / self.d.v_heads, i % self.d.v_heads)
+    }
+}
+
+/// One block of one head's rows, gathered from the call's inputs and prepared for the kernel
+/// (norm, gate and β sigmoid applied): `q`, `k`, `g` `[rows, K]`, `beta` `[rows]`, `v_o`
+/// `[rows, V]` (values in, outputs out).
+struct Block {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    v_o: Vec<f32>,
+}
+
+/// One worker's buffers, reused across its tasks and blocks (no allocation per task).
+struct Work {
+    block: Block,
+    /// The kernel's scratch.
+    scratch: Vec<f32>,
+    /// `[K, V]` the state of a task whose final state is not computed in place.
+    state: Vec<f32>,
+}
+
+impl Work {
+    fn new(c: &Ctx<'_, '_>) -> Work {
+        let (rows, d) = (c.block_rows, c.d);
+        let scratch = match c.f.chunk {
+            Some(ch) => core_api::chunked_scratch_len(ch, d.k, d.v),
+            None => core_api::recurrent_scratch_len(d.k, d.v),
+        };
+        Work {
+            block: Block {
+                q: vec![0.0; rows * d.k],
+                k: vec![0.0; rows * d.k],
+                g: vec![0.0; rows * d.k],
+                beta: vec![0.0; rows],
+                v_o: vec![0.0; rows * d.v],
+            },
+            scratch: vec![0.0; scratch],
+            state: Vec::new(),
+        }
+    }
+}
+
+impl Block {
+    /// Gathers tokens `t0..t1` of value head `hv` (query/key head `h`) and applies the
+    /// in-kernel norm, gate and β sigmoid; returns the number of rows.
+    fn load(
+        &mut self,
+        c: &Ctx<'_, '_>,
+        (t0, t1): (usize, usize),
+        h: usize,
+        hv: usize,
+    ) -> CoreResult<usize> {
+        let (d, x, f) = (c.d, c.x, c.f);
+        let rows = t1 - t0;
+        let (q, k) = (&mut self.q[..rows * d.k], &mut self.k[..rows * d.k]);
+        gather_into(q, x.q, (t0, t1), d.heads, h);
+        gather_into(k, x.k, (t0, t1), d.heads, h);
+        if f.l2norm {
+            core_api::l2_norm(q, d.k)?;
+            core_api::l2_norm(k, d.k)?;
+        }
+        let g = &mut self.g[..rows * d.k];
+        gather_into(g, x.g, (t0, t1), d.v_heads, hv);
+        if let Some(form) = f.gate {
+            let a = x.a_log.map(|a| &a[hv..hv + 1]);
+            let b = x.dt_bias.map(|b| &b[hv * d.k..(hv + 1) * d.k]);
+            core_api::decay_gate(g, form, a, b, d.k)?;
+        }
+        let beta = &mut self.beta[..rows];
+        gather_into(beta, x.beta, (t0, t1), d.v_heads, hv);
+        if let Some(factor) = f.beta_sigmoid {
+            core_api::beta_sigmoid(beta);
+            beta.iter_mut().for_each(|b| *b *= factor);
+        }
+        gather_into(&mut self.v_o[..rows * d.v], x.v, (t0, t1), d.v_heads, hv);
+        Ok(rows)
+    }
+}
+
+/// Where a task's output rows go: row `j` is the task's `j`-th token.
+trait RowSink {
+    fn row(&mut self, j: usize) -> &mut [f32];
+}
+
+/// The rows of one task in the whole `o` `[T, HV, V]` (serial runs).
+struct Strided<'o> {
+    o: &'o mut [f32],
+    /// Index of row 0.
+    first: usize,
+    /// Elements from one row to the next (`HV·V`).
+    step: usize,
+    v: usize,
+}
+
+impl RowSink for Strided<'_> {
+    fn row(&mut self, j: usize) -> &mut [f32] {
+        let at = self.first + j * self.step;
+        &mut self.o[at..at + self.v]
+    }
+}
+
+/// The rows of one task, split off `o` beforehand (threaded runs).
+impl RowSink for Vec<&mut [f32]> {
+    fn row(&mut self, j: usize) -> &mut [f32] {
+        self[j]
+    }
+}
+
 /// Writes task `(n, hv)`'s initial state, K-first, into `state` `[K, V]`.
-fn initial_state(d: &Dims, x: &Inputs<'_>, f: &Flags, n: usize, hv: usize, state: &mut [f32]) {
-    let kv = d.k * d.v;
-    match x.initial_state {
+fn initial_state(c: &Ctx<'_, '_>, n: usize, hv: usize, state: &mut [f32]) {
+    let (d, kv) = (c.d, c.d.k * c.d.v);
+    match c.x.initial_state {
         Some(s) => {
             let s = &s[(n * d.v_heads + hv) * kv..][..kv];
-            if f.v_first {
+            if c.f.v_first {
                 transpose_into(s, d.v, d.k, state);
             } else {
                 state.copy_from_slice(s);
@@ -185,75 +319,123 @@ fn initial_state(d: &Dims, x: &Inputs<'_>, f: &Flags, n: usize, hv: usize, state
     }
 }
 
-/// Runs one (sequence, value head) task on `state` `[K, V]` (K-first, initial state in, final
-/// state out); returns the outputs `[T_n, V]`.
-fn task(
-    d: &Dims,
-    x: &Inputs<'_>,
-    f: &Flags,
-    n: usize,
-    hv: usize,
+/// Runs task `(n, hv)` block by block on `state` `[K, V]` (K-first: initial state in, final
+/// state out), writing its outputs to `sink`.
+fn run_blocks(
+    c: &Ctx<'_, '_>,
+    (n, hv): (usize, usize),
     state: &mut [f32],
-) -> CoreResult<Vec<f32>> {
-    let (t0, t1) = (x.cu_seqlens[n], x.cu_seqlens[n + 1]);
+    block: &mut Block,
+    scratch: &mut [f32],
+    sink: &mut impl RowSink,
+) -> CoreResult<()> {
+    let (d, f) = (c.d, c.f);
+    let (t0, t1) = (c.x.cu_seqlens[n], c.x.cu_seqlens[n + 1]);
     let h = hv / (d.v_heads / d.heads);
-    let mut q = gather(x.q, t0, t1, d.heads, h, d.k);
-    let mut k = gather(x.k, t0, t1, d.heads, h, d.k);
-    if f.l2norm {
-        core_api::l2_norm(&mut q, d.k)?;
-        core_api::l2_norm(&mut k, d.k)?;
+    initial_state(c, n, hv, state);
+    let mut b0 = t0;
+    while b0 < t1 {
+        let b1 = (b0 + block_len(f)).min(t1);
+        let rows = block.load(c, (b0, b1), h, hv)?;
+        let v_o = &mut block.v_o[..rows * d.v];
+        let t = HeadTask {
+            q: &block.q[..rows * d.k],
+            k: &block.k[..rows * d.k],
+            v_o: &mut *v_o,
+            g: &block.g[..rows * d.k],
+            beta: &block.beta[..rows],
+            state: &mut *state,
+        };
+        match f.chunk {
+            Some(ch) => core_api::chunked_head(c.isa, t, f.scale, ch, scratch)?,
+            None => core_api::recurrent_head(c.isa, t, f.scale, scratch)?,
+        }
+        for (j, row) in v_o.chunks_exact(d.v).enumerate() {
+            sink.row(b0 - t0 + j).copy_from_slice(row);
+        }
+        b0 = b1;
     }
-    let mut g = gather(x.g, t0, t1, d.v_heads, hv, d.k);
-    if let Some(form) = f.gate {
-        let a = x.a_log.map(|a| &a[hv..hv + 1]);
-        let b = x.dt_bias.map(|b| &b[hv * d.k..(hv + 1) * d.k]);
-        core_api::decay_gate(&mut g, form, a, b, d.k)?;
-    }
-    let mut beta = gather(x.beta, t0, t1, d.v_heads, hv, 1);
-    if let Some(factor) = f.beta_sigmoid {
-        core_api::beta_sigmoid(&mut beta);
-        beta.iter_mut().for_each(|b| *b *= factor);
-    }
-    let mut o = gather(x.v, t0, t1, d.v_heads, hv, d.v);
-    initial_state(d, x, f, n, hv, state);
-    let t = HeadTask {
-        q: &q,
-        k: &k,
-        v_o: &mut o,
-        g: &g,
-        beta: &beta,
-        state,
-    };
-    let isa = core_api::isa();
-    match f.chunk {
-        Some(c) => core_api::chunked_head(isa, t, f.scale, c)?,
-        None => core_api::recurrent_head(isa, t, f.scale)?,
-    }
-    Ok(o)
+    Ok(())
 }
 
-/// Task `i` with its final state written to `dst` (its `[K, V]` or `[V, K]` slot of the
-/// caller's final state), or dropped.
-fn task_into(
-    d: &Dims,
-    x: &Inputs<'_>,
-    f: &Flags,
+/// Task `i`, its final state written to `dst` (its `[K, V]` or `[V, K]` slot of the caller's
+/// final state), or dropped.
+fn task(
+    c: &Ctx<'_, '_>,
     i: usize,
     dst: Option<&mut [f32]>,
-) -> CoreResult<Vec<f32>> {
-    let (n, hv) = (i / d.v_heads, i % d.v_heads);
+    w: &mut Work,
+    sink: &mut impl RowSink,
+) -> CoreResult<()> {
+    let nh = c.task(i);
+    let Work {
+        block,
+        scratch,
+        state,
+    } = w;
     match dst {
         // K-first output: run in place in the caller's buffer (no extra copy of the state).
-        Some(dst) if !f.v_first => task(d, x, f, n, hv, dst),
+        Some(dst) if !c.f.v_first => run_blocks(c, nh, dst, block, scratch, sink),
         dst => {
-            let mut state = vec![0.0; d.k * d.v];
-            let o = task(d, x, f, n, hv, &mut state)?;
+            state.resize(c.d.k * c.d.v, 0.0);
+            run_blocks(c, nh, state, block, scratch, sink)?;
             if let Some(dst) = dst {
-                transpose_into(&state, d.k, d.v, dst);
+                transpose_into(state, c.d.k, c.d.v, dst);
             }
-            Ok(o)
+            Ok(())
         }
     }
+}
+
+/// Every task on this thread, writing straight into `out`.
+fn run_serial(c: &Ctx<'_, '_>, tasks: usize, out: Outputs<'_>) -> CoreResult<()> {
+    let (d, kv) = (c.d, c.d.k * c.d.v);
+    let Outputs { o, mut final_state } = out;
+    let mut w = Work::new(c);
+    for i in 0..tasks {
+        let (n, hv) = c.task(i);
+        let dst = final_state
+            .as_deref_mut()
+            .map(|s| &mut s[i * kv..(i + 1) * kv]);
+        let mut sink = Strided {
+            o: &mut *o,
+            first: (c.x.cu_seqlens[n] * d.v_heads + hv) * d.v,
+            step: d.v_heads * d.v,
+            v: d.v,
+        };
+        task(c, i, dst, &mut w, &mut sink)?;
+    }
+    Ok(())
+}
+
+/// The tasks on the current rayon pool, each with its own output rows split off `o`.
+fn run_parallel(c: &Ctx<'_, '_>, tasks: usize, out: Outputs<'_>) -> CoreResult<()> {
+    let (d, cu, kv) = (c.d, c.x.cu_seqlens, c.d.k * c.d.v);
+    let Outputs { o, final_state } = out;
+    let mut rows: Vec<Vec<&mut [f32]>> = (0..tasks)
+        .map(|i| Vec::with_capacity(cu[c.task(i).0 + 1] - cu[c.task(i).0]))
+        .collect();
+    // Row r of o is token r / HV, value head r % HV; token t belongs to the sequence n with
+    // cu[n] <= t < cu[n + 1] (empty sequences are skipped over).
+    let mut n = 0;
+    for (r, row) in o.chunks_exact_mut(d.v).enumerate() {
+        let (t, hv) = (r / d.v_heads, r % d.v_heads);
+        while t >= cu[n + 1] {
+            n += 1;
+        }
+        rows[n * d.v_heads + hv].push(row);
+    }
+    let dsts: Vec<Option<&mut [f32]>> = match final_state {
+        Some(s) => s.chunks_exact_mut(kv).map(Some).collect(),
+        None => (0..tasks).map(|_| None).collect(),
+    };
+    rows.into_par_iter()
+        .zip(dsts)
+        .enumerate()
+        .try_for_each_init(
+            || Work::new(c),
+            |w, (i, (mut sink, dst))| task(c, i, dst, w, &mut sink),
+        )
 }
 
 /// Runs the whole call on the current rayon pool (serially with `threads == 1`).
@@ -266,36 +448,24 @@ pub fn run(
 ) -> CoreResult<()> {
     let n = validate(d, x, &out, f)?;
     let tasks = n * d.v_heads;
-    let kv = d.k * d.v;
-    let serial = threads <= 1 || tasks <= 1;
-    let outs: Vec<Vec<f32>> = match out.final_state {
-        Some(fs) if serial => fs
-            .chunks_exact_mut(kv)
-            .enumerate()
-            .map(|(i, c)| task_into(d, x, f, i, Some(c)))
-            .collect::<CoreResult<_>>()?,
-        Some(fs) => fs
-            .par_chunks_exact_mut(kv)
-            .enumerate()
-            .map(|(i, c)| task_into(d, x, f, i, Some(c)))
-            .collect::<CoreResult<_>>()?,
-        None if serial => (0..tasks)
-            .map(|i| task_into(d, x, f, i, None))
-            .collect::<CoreResult<_>>()?,
-        None => (0..tasks)
-            .into_par_iter()
-            .map(|i| task_into(d, x, f, i, None))
-            .collect::<CoreResult<_>>()?,
+    let longest = x
+        .cu_seqlens
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(0);
+    let c = Ctx {
+        d,
+        x,
+        f,
+        isa: core_api::isa(),
+        block_rows: longest.min(block_len(f)),
     };
-    for (i, o) in outs.iter().enumerate() {
-        let (seq, hv) = (i / d.v_heads, i % d.v_heads);
-        let t0 = x.cu_seqlens[seq];
-        for (j, row) in o.chunks_exact(d.v).enumerate() {
-            let at = ((t0 + j) * d.v_heads + hv) * d.v;
-            out.o[at..at + d.v].copy_from_slice(row);
-        }
+    if threads <= 1 || tasks <= 1 {
+        run_serial(&c, tasks, out)
+    } else {
+        run_parallel(&c, tasks, out)
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -401,6 +571,100 @@ mod tests {
             back.extend(transpose(blk, 4, 8));
         }
         assert_eq!(back, s_rec);
+    }
+
+    /// Gathered block by block (sequences longer than a block, several blocks per task) and
+    /// threaded or not, the results are bit for bit those of one kernel call over each whole
+    /// head of each sequence.
+    #[test]
+    fn blocks_and_threads_match_whole_sequence_calls() {
+        let (h, hv, kd, vd) = (2usize, 4usize, 16usize, 8usize);
+        let cu = [0usize, 150, 150, 157, 300];
+        let tokens = 300;
+        let q = rnd(tokens * h * kd, 11);
+        let k = rnd(tokens * h * kd, 12);
+        let v = rnd(tokens * hv * vd, 13);
+        let g: Vec<f32> = rnd(tokens * hv * kd, 14)
+            .iter()
+            .map(|x| -0.1 * x.abs())
+            .collect();
+        let beta: Vec<f32> = rnd(tokens * hv, 15).iter().map(|x| x.abs()).collect();
+        let h0 = rnd(4 * hv * kd * vd, 16);
+        let d = Dims {
+            tokens,
+            heads: h,
+            v_heads: hv,
+            k: kd,
+            v: vd,
+        };
+        let x = Inputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+            a_log: None,
+            dt_bias: None,
+            initial_state: Some(&h0),
+            cu_seqlens: &cu,
+        };
+        for chunk in [None, Some(core_api::DEFAULT_CHUNK), Some(16)] {
+            let f = Flags {
+                scale: 0.25,
+                l2norm: false,
+                gate: None,
+                beta_sigmoid: None,
+                chunk,
+                v_first: false,
+            };
+            // The reference: each (sequence, head) gathered whole, one kernel call.
+            let (mut o_ref, mut s_ref) = (vec![0.0; v.len()], h0.clone());
+            for n in 0..4 {
+                let (t0, t1) = (cu[n], cu[n + 1]);
+                for j in 0..hv {
+                    let col = |src: &[f32], heads: usize, head: usize, dim: usize| {
+                        (t0..t1)
+                            .flat_map(|t| src[(t * heads + head) * dim..][..dim].to_vec())
+                            .collect::<Vec<f32>>()
+                    };
+                    let mut vo = col(&v, hv, j, vd);
+                    let state = &mut s_ref[(n * hv + j) * kd * vd..][..kd * vd];
+                    let t = HeadTask {
+                        q: &col(&q, h, j / 2, kd),
+                        k: &col(&k, h, j / 2, kd),
+                        v_o: &mut vo,
+                        g: &col(&g, hv, j, kd),
+                        beta: &col(&beta, hv, j, 1),
+                        state,
+                    };
+                    let isa = core_api::isa();
+                    match chunk {
+                        Some(c) => {
+                            let mut scr = vec![0.0; core_api::chunked_scratch_len(c, kd, vd)];
+                            core_api::chunked_head(isa, t, 0.25, c, &mut scr).unwrap()
+                        }
+                        None => {
+                            let mut scr = vec![0.0; core_api::recurrent_scratch_len(kd, vd)];
+                            core_api::recurrent_head(isa, t, 0.25, &mut scr).unwrap()
+                        }
+                    }
+                    for (r, row) in vo.chunks_exact(vd).enumerate() {
+                        let at = ((t0 + r) * hv + j) * vd;
+                        o_ref[at..at + vd].copy_from_slice(row);
+                    }
+                }
+            }
+            for threads in [1, 2] {
+                let (mut o, mut s) = (vec![0.0; v.len()], vec![0.0; h0.len()]);
+                let out = Outputs {
+                    o: &mut o,
+                    final_state: Some(&mut s),
+                };
+                crate::threads::install(threads, || run(&d, &x, &f, out, threads)).unwrap();
+                assert_eq!(o, o_ref, "{chunk:?} threads {threads}");
+                assert_eq!(s, s_ref, "{chunk:?} threads {threads}");
+            }
+        }
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! # kda-py
 //!
 //! The native part (`kda._core`) of the Python package `kda`: fla-compatible `chunk_kda` /
-//! `fused_recurrent_kda` kernels and the KDA layer over kda-host. The Python package
-//! (`python/kda`) checks arguments, converts torch tensors and numpy arrays to contiguous
-//! float32 arrays (without a copy when they already are) and calls the functions here, which
-//! read the arrays in place, release the GIL and compute on a rayon pool.
+//! `fused_recurrent_kda` kernels and the KDA layer over kda-host. The common call (contiguous
+//! float32 torch tensors or numpy arrays) is read, checked and run here in one native call
+//! ([`fast`]; `fused_recurrent_kda` itself is native for that reason). For anything else the
+//! Python package (`python/kda`) checks arguments, converts torch tensors and numpy arrays to
+//! contiguous float32 arrays and calls `delta_rule`. Either way the arrays are read in place,
+//! the GIL is released and the work runs on a rayon pool.
 //!
 //! Every call into kda-core / kda-host goes through [`core_api`].
 #![deny(missing_docs)]
@@ -12,13 +14,17 @@
 pub mod array;
 pub mod core_api;
 pub mod delta;
+pub mod fast;
 pub mod layer;
 pub mod threads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyTuple};
 
 use array::F32Array;
 use core_api::GateForm;
@@ -40,6 +46,184 @@ pub(crate) fn no_panic<T>(f: impl FnOnce() -> Result<T, String>) -> PyResult<T> 
             )))
         }
     }
+}
+
+/// Nanoseconds the last `delta_rule` / `fla_forward` call spent computing.
+static LAST_COMPUTE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs [`delta::run`] with the GIL released on a pool of `threads`, and records its time.
+pub(crate) fn compute(
+    py: Python<'_>,
+    dims: &Dims,
+    x: &Inputs<'_>,
+    flags: &Flags,
+    out: Outputs<'_>,
+    threads: usize,
+) -> PyResult<u64> {
+    let ns = py.detach(|| {
+        no_panic(|| {
+            let t0 = std::time::Instant::now();
+            threads::install(threads, || delta::run(dims, x, flags, out, threads))?;
+            Ok(t0.elapsed().as_nanos() as u64)
+        })
+    })?;
+    LAST_COMPUTE_NS.store(ns, Ordering::Relaxed);
+    Ok(ns)
+}
+
+/// Nanoseconds the last `chunk_kda` / `fused_recurrent_kda` call spent computing (the
+/// GIL-free part: [`delta::run`]).
+#[pyfunction]
+fn last_compute_ns() -> u64 {
+    LAST_COMPUTE_NS.load(Ordering::Relaxed)
+}
+
+/// The fast path of `kda.chunk_kda` (`chunked` true) and `kda.fused_recurrent_kda`: then the
+/// arguments of those functions in their order (`chunk_kda`'s own extra flags already handled
+/// by its wrapper); returns `(o, final_state or None)`, or `None` when the call needs the
+/// wrapper's general path (see [`fast`]).
+#[pyfunction]
+#[pyo3(signature = (chunked, q, k, v, g, beta, a_log, dt_bias, scale, initial_state,
+    output_final_state, l2norm, gate_in_kernel, beta_sigmoid, allow_neg_eigval, lower_bound, v_first,
+    cu_seqlens, threads))]
+// The arguments of fla's chunk_kda / fused_recurrent_kda, all positional (the cheapest call).
+#[allow(clippy::too_many_arguments)]
+fn fla_forward<'py>(
+    py: Python<'py>,
+    chunked: bool,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    g: &Bound<'py, PyAny>,
+    beta: &Bound<'py, PyAny>,
+    a_log: &Bound<'py, PyAny>,
+    dt_bias: &Bound<'py, PyAny>,
+    scale: &Bound<'py, PyAny>,
+    initial_state: &Bound<'py, PyAny>,
+    output_final_state: &Bound<'py, PyAny>,
+    l2norm: &Bound<'py, PyAny>,
+    gate_in_kernel: &Bound<'py, PyAny>,
+    beta_sigmoid: &Bound<'py, PyAny>,
+    allow_neg_eigval: &Bound<'py, PyAny>,
+    lower_bound: &Bound<'py, PyAny>,
+    v_first: &Bound<'py, PyAny>,
+    cu_seqlens: &Bound<'py, PyAny>,
+    threads: &Bound<'py, PyAny>,
+) -> PyResult<Option<fast::FlaResult<'py>>> {
+    let args = fast::FlaArgs {
+        a_log,
+        dt_bias,
+        scale,
+        initial_state,
+        output_final_state,
+        l2norm,
+        gate_in_kernel,
+        beta_sigmoid,
+        allow_neg_eigval,
+        lower_bound,
+        v_first,
+        cu_seqlens,
+        threads,
+        chunked,
+    };
+    fast::fla_forward(py, [q, k, v, g, beta], &args)
+}
+
+/// Token-by-token KDA forward, a CPU drop-in for ``fla.ops.kda.fused_recurrent_kda``
+/// (fla-core 0.6.0); the decode path.
+///
+/// Same arguments, shapes and results as :func:`chunk_kda` (``A_log`` / ``dt_bias`` are
+/// positional here, as in fla), except: ``o`` has v's dtype and ``initial_state`` may be of
+/// any float dtype. Without ``A_log`` the in-kernel softplus gate is
+/// ``-exp(1)*softplus(g + dt_bias)``, as fla's kernel computes it. A per-value ``beta`` of
+/// shape ``[B, T, HV, V]`` raises ``NotImplementedError``.
+///
+/// Native, so that a decode step costs little over its kernel: the common call goes straight
+/// to the fast path (``_core.fla_forward``'s), anything else to the Python general path
+/// (``kda._ops._fused_recurrent_kda``).
+#[pyfunction]
+#[pyo3(signature = (q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+    output_final_state=None, use_qk_l2norm_in_kernel=None, use_gate_in_kernel=None,
+    use_beta_sigmoid_in_kernel=None, allow_neg_eigval=None, lower_bound=None, state_v_first=None,
+    cu_seqlens=None, threads=None, **kwargs),
+    text_signature = "(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, \
+    initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False, \
+    use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, \
+    lower_bound=None, state_v_first=False, cu_seqlens=None, threads=None, **kwargs)")]
+// fla's signature (its names included); a flag left out is None, false as fla's default is.
+#[allow(clippy::too_many_arguments, non_snake_case)]
+fn fused_recurrent_kda<'py>(
+    py: Python<'py>,
+    q: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
+    v: &Bound<'py, PyAny>,
+    g: &Bound<'py, PyAny>,
+    beta: &Bound<'py, PyAny>,
+    A_log: Option<&Bound<'py, PyAny>>,
+    dt_bias: Option<&Bound<'py, PyAny>>,
+    scale: Option<&Bound<'py, PyAny>>,
+    initial_state: Option<&Bound<'py, PyAny>>,
+    output_final_state: Option<&Bound<'py, PyAny>>,
+    use_qk_l2norm_in_kernel: Option<&Bound<'py, PyAny>>,
+    use_gate_in_kernel: Option<&Bound<'py, PyAny>>,
+    use_beta_sigmoid_in_kernel: Option<&Bound<'py, PyAny>>,
+    allow_neg_eigval: Option<&Bound<'py, PyAny>>,
+    lower_bound: Option<&Bound<'py, PyAny>>,
+    state_v_first: Option<&Bound<'py, PyAny>>,
+    cu_seqlens: Option<&Bound<'py, PyAny>>,
+    threads: Option<&Bound<'py, PyAny>>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let none = py.None().into_bound(py);
+    let no = PyBool::new(py, false).to_owned().into_any();
+    let or_none = |x: Option<&Bound<'py, PyAny>>| x.cloned().unwrap_or_else(|| none.clone());
+    let or_false = |x: Option<&Bound<'py, PyAny>>| x.cloned().unwrap_or_else(|| no.clone());
+    let args = [
+        or_none(A_log),
+        or_none(dt_bias),
+        or_none(scale),
+        or_none(initial_state),
+        or_false(output_final_state),
+        or_false(use_qk_l2norm_in_kernel),
+        or_false(use_gate_in_kernel),
+        or_false(use_beta_sigmoid_in_kernel),
+        or_false(allow_neg_eigval),
+        or_none(lower_bound),
+        or_false(state_v_first),
+        or_none(cu_seqlens),
+        or_none(threads),
+    ];
+    if kwargs.is_none_or(|kw| kw.is_empty()) {
+        let [a_log, dt_bias, scale, initial_state, output_final_state, l2norm, gate_in_kernel, beta_sigmoid, allow_neg_eigval, lower_bound, v_first, cu_seqlens, threads] =
+            &args;
+        let fla = fast::FlaArgs {
+            a_log,
+            dt_bias,
+            scale,
+            initial_state,
+            output_final_state,
+            l2norm,
+            gate_in_kernel,
+            beta_sigmoid,
+            allow_neg_eigval,
+            lower_bound,
+            v_first,
+            cu_seqlens,
+            threads,
+            chunked: false,
+        };
+        if let Some((o, ht)) = fast::fla_forward(py, [q, k, v, g, beta], &fla)? {
+            return PyTuple::new(py, [o, ht.unwrap_or(none)]).map(Bound::into_any);
+        }
+    }
+    let all: Vec<Bound<'py, PyAny>> = [q, k, v, g, beta]
+        .into_iter()
+        .cloned()
+        .chain(args)
+        .collect();
+    py.import(intern!(py, "kda._ops"))?
+        .getattr(intern!(py, "_fused_recurrent_kda"))?
+        .call(PyTuple::new(py, all)?, kwargs)
 }
 
 fn dim3(a: &F32Array, name: &str) -> PyResult<[usize; 3]> {
@@ -177,13 +361,7 @@ fn delta_rule(
     } else {
         threads::resolve(threads)?
     };
-    py.detach(|| {
-        no_panic(|| {
-            let t0 = std::time::Instant::now();
-            threads::install(threads, || delta::run(&dims, &x, &flags, out, threads))?;
-            Ok(t0.elapsed().as_nanos() as u64)
-        })
-    })
+    compute(py, &dims, &x, &flags, out, threads)
 }
 
 /// The native module `kda._core`.
@@ -191,6 +369,9 @@ fn delta_rule(
 #[pyo3(name = "_core")]
 fn kda_core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta_rule, m)?)?;
+    m.add_function(wrap_pyfunction!(fla_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(fused_recurrent_kda, m)?)?;
+    m.add_function(wrap_pyfunction!(last_compute_ns, m)?)?;
     m.add_function(wrap_pyfunction!(threads::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(threads::get_num_threads, m)?)?;
     m.add_class::<layer::KdaLayer>()?;

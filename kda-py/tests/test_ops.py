@@ -203,6 +203,117 @@ def test_threads_give_identical_results():
     assert kda.get_num_threads() == old
 
 
+# ---- the native fast path ----
+
+
+def _strided_copy(t):
+    """The same values in a non-contiguous tensor (which the fast path declines)."""
+    wide = torch.zeros(*t.shape, 2)
+    wide[..., 0] = t
+    return wide[..., 0]
+
+
+FAST_CASES = [
+    c
+    for c in itertools.product(
+        ["chunk", "recurrent"],
+        ["none", "softplus", "softplus_no_a", "lower_bound"],
+        [False, True],  # state_v_first
+        [False, True],  # l2norm + beta sigmoid (+ allow_neg_eigval) in kernel
+    )
+    if c[:2] != ("chunk", "softplus_no_a")  # chunk_kda requires A_log for the softplus gate
+]
+
+
+@pytest.mark.parametrize("fn_name,gate,v_first,flags", FAST_CASES)
+def test_fast_path_equals_general_path_bitwise(fn_name, gate, v_first, flags, monkeypatch):
+    """Contiguous float32 tensors (and numpy arrays) take the fast path, which gives bit for bit
+    what the general path gives for the same values (forced here by a non-contiguous beta);
+    B = 2, HV = 2H, given scale, initial state in and final state out."""
+    fn = FUNCS[fn_name]
+    gen = torch.Generator().manual_seed(7)
+    B, T, H, HV, K, V = 2, 37, 2, 4, 32, 16
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
+    g = r(B, T, HV, K) if gate != "none" else -torch.rand(B, T, HV, K, generator=gen) * 0.2
+    beta = torch.rand(B, T, HV, generator=gen)
+    h0 = r(B, HV, V, K) if v_first else r(B, HV, K, V)
+    kw = dict(scale=0.3, initial_state=h0, output_final_state=True, state_v_first=v_first, threads=1)
+    if gate != "none":
+        kw.update(use_gate_in_kernel=True, dt_bias=r(HV * K) * 0.5)
+        if gate != "softplus_no_a":
+            kw["A_log"] = r(HV) * 0.5
+        if gate == "lower_bound":
+            kw["lower_bound"] = -3.0
+    if flags:
+        kw.update(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    calls = []
+    real = _core.delta_rule
+    monkeypatch.setattr(_core, "delta_rule", lambda *a, **k: calls.append(1) or real(*a, **k))
+    o_fast, s_fast = fn(q, k, v, g, beta, **kw)
+    assert not calls, "contiguous float32 tensors did not take the fast path"
+    o_np, s_np = fn(*(t.numpy() for t in (q, k, v, g, beta)), **{
+        n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()})
+    assert not calls, "numpy float32 arrays did not take the fast path"
+    o_gen, s_gen = fn(q, k, v, g, _strided_copy(beta), **kw)
+    assert calls, "a non-contiguous beta took the fast path"
+    assert isinstance(o_fast, torch.Tensor) and o_fast.dtype == torch.float32 and o_fast.shape == (B, T, HV, V)
+    assert isinstance(o_np, np.ndarray) and o_np.dtype == np.float32 and o_np.shape == (B, T, HV, V)
+    assert s_fast.shape == h0.shape and isinstance(s_np, np.ndarray)
+    assert torch.equal(o_fast, o_gen) and torch.equal(s_fast, s_gen)
+    assert np.array_equal(o_np, o_gen.numpy()) and np.array_equal(s_np, s_gen.numpy())
+    # without a final state
+    o2, s2 = fn(q, k, v, g, beta, **{**kw, "output_final_state": False})
+    assert s2 is None and torch.equal(o2, o_fast)
+
+
+def test_fast_path_declines_what_it_does_not_handle(monkeypatch):
+    """Mixed kinds, bf16, a tensor subclass, cu_seqlens, torch's lazy negation: the general
+    path runs (and the lazily negated tensor is read negated, or refused, never misread)."""
+    x = make_inputs(3, 20, 2, 2, 32, 32, 1, False, "softplus", False, False)
+    q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
+    want, _ = kda.fused_recurrent_kda(q, k, v, g, beta)
+    calls = []
+    real = _core.delta_rule
+    monkeypatch.setattr(_core, "delta_rule", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    variants = {
+        "mixed kinds": (q.numpy(), k, v, g, beta),
+        "bf16": (q.bfloat16(), k, v, g, beta),
+        "subclass": (torch.nn.Parameter(q, requires_grad=False), k, v, g, beta),
+    }
+    for name, args in variants.items():
+        n = len(calls)
+        o, _ = kda.fused_recurrent_kda(*args)
+        assert len(calls) == n + 1, name
+        assert rel_rms(o.float() if isinstance(o, torch.Tensor) else torch.from_numpy(o), want) <= BF16_TOL, name
+    n = len(calls)
+    o, _ = kda.fused_recurrent_kda(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 20]))
+    assert len(calls) == n + 1 and torch.equal(o, want)
+    neg = torch._neg_view(-q)  # reads as q, stored as -q
+    try:
+        o, _ = kda.fused_recurrent_kda(neg, k, v, g, beta)
+    except RuntimeError:
+        pass  # the general path refuses it (Tensor.numpy() does)
+    else:
+        assert torch.equal(o, want)
+
+
+def test_native_fused_recurrent_passes_everything_to_the_general_path():
+    """What the native fused_recurrent_kda declines reaches the Python general path with every
+    argument: positional A_log / dt_bias, keyword-only extras (fla's deprecated
+    ``transpose_state_layout``, with its warning)."""
+    x = make_inputs(5, 9, 2, 2, 16, 16, 1, True, "softplus", False, False)
+    q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
+    h0 = x["h0"].transpose(-1, -2).contiguous()
+    kw = dict(use_gate_in_kernel=True, initial_state=h0, output_final_state=True)
+    want = kda.fused_recurrent_kda(q, k, v, g, beta, x["A_log"], x["dt_bias"], state_v_first=True, **kw)
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+        got = kda.fused_recurrent_kda(q, k, v, g, beta, x["A_log"], x["dt_bias"], transpose_state_layout=True, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="Cannot pass both"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, state_v_first=True, transpose_state_layout=True)
+
+
 # ---- zero copy ----
 
 
@@ -241,7 +352,7 @@ def test_readonly_numpy_inputs_are_read_in_place():
 
 def test_gil_is_released_during_compute():
     """Another Python thread runs while a long call computes."""
-    x = make_inputs(21, 4096, 4, 4, 128, 128, 1, False, "softplus", False, False)
+    x = make_inputs(21, 4096, 12, 12, 128, 128, 1, False, "softplus", False, False)
     ticks = []
     done = threading.Event()
 

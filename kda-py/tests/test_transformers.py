@@ -1,5 +1,6 @@
 """kda.integrations: transformers' native Kimi Linear on kda, and the fla shim."""
 
+import functools
 import importlib
 import inspect
 import subprocess
@@ -56,15 +57,17 @@ def test_patched_model_generates_the_same(torch_fallback, monkeypatch):
     with torch.no_grad():
         want_tokens, want_logits = generate(model, ids, 12)
         calls = []
-        real = kda._ops._core.delta_rule
-        monkeypatch.setattr(kda._ops._core, "delta_rule", lambda *a, **k: calls.append(k.get("chunked")) or real(*a, **k))
+        # the kda functions the patch routes transformers' two functions to, spied on
+        for name, fn in list(integrations._TARGETS.items()):
+            spy = functools.wraps(fn)(lambda *a, _fn=fn, _name=name, **k: calls.append(_name) or _fn(*a, **k))
+            monkeypatch.setitem(integrations._TARGETS, name, spy)
         assert integrations.patch_transformers()
         assert integrations.is_transformers_patched()
         got_tokens, got_logits = generate(model, ids, 12)
     assert torch.equal(got_tokens, want_tokens)
     assert rel_rms(got_logits, want_logits) <= 1e-4
-    # prefill ran chunked, decode ran the recurrence, both through kda
-    assert True in calls and False in calls
+    # prefill ran kda's chunk_kda, decode its fused_recurrent_kda
+    assert "chunk_kimi_delta_attention" in calls and "recurrent_kimi_delta_attention" in calls
     integrations.unpatch_transformers()
     assert not integrations.is_transformers_patched()
 
@@ -99,8 +102,9 @@ SHIM_SCRIPT = textwrap.dedent(
     from transformers.models.kimi_linear import modeling_kimi_linear as m
     q = torch.randn(1, 3, 1, 16); g = -torch.rand(1, 3, 1, 16); b = torch.rand(1, 3, 1)
     calls = []
-    real = kda._ops._core.delta_rule
-    kda._ops._core.delta_rule = lambda *a, **k: calls.append(1) or real(*a, **k)
+    for name in ("fla_forward", "delta_rule"):
+        real = getattr(kda._ops._core, name)
+        setattr(kda._ops._core, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
     with torch.no_grad():
         m.chunk_kimi_delta_attention(q, q, q, g=g, beta=b, use_qk_l2norm_in_kernel=True)
     assert calls, "transformers did not call kda through the shim"

@@ -1,7 +1,7 @@
 """The native module of kda (built from kda-py/src by maturin). Call the functions of
 :mod:`kda` instead: they check and convert arguments."""
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,6 +27,49 @@ def delta_rule(
     v_first: bool = False,
     threads: Optional[int] = None,
 ) -> int: ...
+def fla_forward(
+    chunked: bool,
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    a_log: Any,
+    dt_bias: Any,
+    scale: Any,
+    initial_state: Any,
+    output_final_state: Any,
+    l2norm: Any,
+    gate_in_kernel: Any,
+    beta_sigmoid: Any,
+    allow_neg_eigval: Any,
+    lower_bound: Any,
+    v_first: Any,
+    cu_seqlens: Any,
+    threads: Any,
+) -> Optional[Tuple[Any, Optional[Any]]]: ...
+def fused_recurrent_kda(
+    q: Any,
+    k: Any,
+    v: Any,
+    g: Any,
+    beta: Any,
+    A_log: Any = None,
+    dt_bias: Any = None,
+    scale: Optional[float] = None,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: Optional[float] = None,
+    state_v_first: bool = False,
+    cu_seqlens: Any = None,
+    threads: Optional[int] = None,
+    **kwargs: Any,
+) -> Tuple[Any, Optional[Any]]: ...
+def last_compute_ns() -> int: ...
 def set_num_threads(threads: Optional[int] = None) -> None: ...
 def get_num_threads() -> int: ...
 

@@ -8,10 +8,6 @@ from typing import Any, Optional, Tuple
 from . import _convert as cv
 from . import _core
 
-# The extension's compute time of the last call, in nanoseconds (for the benchmark script).
-_last_compute_ns = 0
-
-
 def _shapes(qs, ks, vs, gs, bs) -> Tuple[int, int, int, int, int, int]:
     """B, T, H, K, HV, V from the shapes of q, k, v, g, beta in fla's ``[B, T, H, K]`` /
     ``[B, T, HV, V]`` layouts, checked."""
@@ -99,12 +95,17 @@ def _state_v_first(state_v_first, kwargs):
     return state_v_first
 
 
+# Each function first offers the call to the extension's fast path (`_core.fla_forward`), which
+# runs the common case — every array a C-contiguous float32 torch CPU tensor, or every one a
+# numpy array, no cu_seqlens — reading, checking and allocating natively, and declines (None)
+# anything else. The general path below then converts, checks and raises as needed.
+
+
 def _run(
     q, k, v, g, beta, *, scale, initial_state, output_final_state, l2norm, gate_in_kernel, beta_sigmoid,
     allow_neg_eigval, lower_bound, A_log, dt_bias, cu_seqlens, v_first, chunked, threads, out_dtype_of,
     h0_f32_only, softplus_default_a,
 ):
-    global _last_compute_ns
     # Converted first (a view for contiguous float32), then checked: one pass over each argument.
     qa, ka, va, ga, ba = (cv.as_f32(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")))
     B, T, H, K, HV, V = _shapes(qa.shape, ka.shape, va.shape, ga.shape, ba.shape)
@@ -130,7 +131,7 @@ def _run(
     va, ga, ba = va.reshape(B * T, HV, V), ga.reshape(B * T, HV, K), ba.reshape(B * T, HV, 1)
     o = cv.new_f32((B, T, HV, V))
     ht = cv.new_f32((N, HV, V, K) if v_first else (N, HV, K, V)) if output_final_state else None
-    _last_compute_ns = _core.delta_rule(
+    _core.delta_rule(
         qa, ka, va, ga, ba, o.reshape(B * T, HV, V), cu, float(scale),
         a_log=a, dt_bias=b, initial_state=h0, final_state=ht, l2norm=bool(l2norm), gate=gate,
         lower_bound=lb, beta_factor=(2.0 if allow_neg_eigval else 1.0) if beta_sigmoid else None,
@@ -208,6 +209,13 @@ def chunk_kda(
             raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
         if not (-5 <= lower_bound < 0):
             raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
+    r = _core.fla_forward(
+        True, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
+        threads,
+    )
+    if r is not None:
+        return r
     return _run(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         l2norm=use_qk_l2norm_in_kernel, gate_in_kernel=use_gate_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
@@ -225,7 +233,7 @@ def _fla_default_a(hv: int):
     return np.ones(hv, dtype=np.float32)
 
 
-def fused_recurrent_kda(
+def _fused_recurrent_kda(
     q: Any,
     k: Any,
     v: Any,
@@ -246,15 +254,8 @@ def fused_recurrent_kda(
     threads: Optional[int] = None,
     **kwargs: Any,
 ):
-    r"""Token-by-token KDA forward, a CPU drop-in for ``fla.ops.kda.fused_recurrent_kda``
-    (fla-core 0.6.0); the decode path.
-
-    Same arguments, shapes and results as :func:`chunk_kda` (``A_log`` / ``dt_bias`` are
-    positional here, as in fla), except: ``o`` has v's dtype and ``initial_state`` may be of
-    any float dtype. Without ``A_log`` the in-kernel softplus gate is
-    ``-exp(1)*softplus(g + dt_bias)``, as fla's kernel computes it. A per-value ``beta`` of
-    shape ``[B, T, HV, V]`` raises ``NotImplementedError``.
-    """
+    """The general path of :func:`fused_recurrent_kda` (which is native: ``_core``'s), for the
+    calls its fast path declines."""
     state_v_first = _state_v_first(state_v_first, kwargs)
     return _run(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -265,8 +266,11 @@ def fused_recurrent_kda(
     )
 
 
+fused_recurrent_kda = _core.fused_recurrent_kda
+
+
 def last_compute_seconds() -> float:
     """Seconds the extension spent computing in the last ``chunk_kda`` / ``fused_recurrent_kda``
     call (the GIL-free part), for measuring call overhead."""
-    return _last_compute_ns * 1e-9
+    return _core.last_compute_ns() * 1e-9
 
