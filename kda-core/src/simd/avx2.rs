@@ -67,6 +67,7 @@ impl Simd for Avx2 {
     const LANES: usize = 8;
     const PANEL_TOKENS: usize = 6;
     const GEMM_ROWS: usize = 6;
+    const GEMM_VECS: usize = 2;
     const DECODE_ROWS: usize = 8;
     const REGISTERS: usize = 16;
 

@@ -54,6 +54,7 @@ impl Simd for Avx512 {
     const LANES: usize = 16;
     const PANEL_TOKENS: usize = 12;
     const GEMM_ROWS: usize = 12;
+    const GEMM_VECS: usize = 2;
     const DECODE_ROWS: usize = 16;
     const REGISTERS: usize = 32;
 

@@ -219,13 +219,19 @@ unsafe fn gemm_panel<S: Simd, const NV: usize>(s: S, m: usize, j: usize, g: &Gem
     }
 }
 
-/// `C[m×n] += A[m×k]·B[k×n]`: column panels of two vectors (then one) outer, so each panel of
-/// `B` stays in L1 while the row blocks of `A` stream past it; the last `n % LANES` columns
-/// one element at a time.
+/// `C[m×n] += A[m×k]·B[k×n]`: column panels of [`Simd::GEMM_VECS`] vectors (then fewer)
+/// outer, so each panel of `B` stays in L1 while the row blocks of `A` stream past it; the
+/// last `n % LANES` columns one element at a time.
 #[inline(always)]
 pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     let l = S::LANES;
     let mut j = 0;
+    if S::GEMM_VECS >= 4 {
+        while j + 4 * l <= n {
+            gemm_panel::<S, 4>(s, m, j, g);
+            j += 4 * l;
+        }
+    }
     while j + 2 * l <= n {
         gemm_panel::<S, 2>(s, m, j, g);
         j += 2 * l;

@@ -28,6 +28,7 @@ impl<const N: usize> Simd for Lanes<N> {
     const LANES: usize = N;
     const PANEL_TOKENS: usize = 6;
     const GEMM_ROWS: usize = if N >= 16 { 12 } else { 6 };
+    const GEMM_VECS: usize = if N <= 4 { 4 } else { 2 };
     const DECODE_ROWS: usize = if N > 8 { N } else { 8 };
     const REGISTERS: usize = 16;
 

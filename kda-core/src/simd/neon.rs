@@ -30,6 +30,7 @@ impl Simd for Neon {
     // 6 tokens × 4 vectors = 24 accumulators + 4 panel vectors + 1 broadcast ≤ 32 registers.
     const PANEL_TOKENS: usize = 6;
     const GEMM_ROWS: usize = 6;
+    const GEMM_VECS: usize = 4;
     const DECODE_ROWS: usize = 8;
     const REGISTERS: usize = 32;
 

@@ -30,8 +30,10 @@ pub(crate) trait Simd: Copy {
     /// Tokens per block of the packed projection GEMM (`panel_fma`): chosen so the
     /// accumulators and the panel loads fit the ISA's registers.
     const PANEL_TOKENS: usize;
-    /// Rows per block of the small dense GEMM (`gemm_acc`).
+    /// Rows per block of the small dense GEMM (`gemm_acc`): 6 or 12.
     const GEMM_ROWS: usize;
+    /// Vectors per row of a block of the small dense GEMM: 2 or 4.
+    const GEMM_VECS: usize;
     /// Weight rows streamed at once by one-token decode (`rows_fma`).
     const DECODE_ROWS: usize;
     /// Vector registers of the ISA.
