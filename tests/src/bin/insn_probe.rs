@@ -26,8 +26,8 @@ use kda_core::ops::HeadRows;
 use kda_core::GateProj;
 use kda_core::{CachesMut, ForwardOptions, Isa, KdaConfig, KdaLayer, Serial, DEFAULT_CHUNK};
 use kda_host::bench::{decode_bytes_per_step, flops_per_token, Preset};
-use kda_host::rng::Rng;
 use kda_host::panels::Panels;
+use kda_host::rng::Rng;
 use kda_host::{OwnedData, OwnedGate, OwnedLayer, OwnedMat};
 
 /// Head dimension of the prefill core (Kimi Linear and Kimi K3: K = V = 128).
