@@ -4,7 +4,7 @@
 use crate::error::KdaError;
 use crate::exec::Shared;
 use crate::ops::chunked::{chunked_head, Chunks};
-use crate::ops::conv::{short_conv_prefill, short_conv_prefill_scratch};
+use crate::ops::conv::{short_conv_prefill_scratch, short_conv_prefill_with};
 use crate::ops::norm::{gated_rms_norm_row_into_gate, l2_norm};
 use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
 use crate::ops::HeadRows;
@@ -184,7 +184,8 @@ impl<'a> HeadBuffers<'a> {
                 .zip([&mut **cq, &mut **ck, &mut **cv])
                 .zip(kernels)
             {
-                short_conv_prefill(&mut x[start * hk..end * hk], hk, kernel, state, conv_tmp)?;
+                let x = &mut x[start * hk..end * hk];
+                short_conv_prefill_with(layer.isa, x, hk, kernel, state, conv_tmp)?;
             }
             if i < job.snaps.at.len() {
                 // SAFETY: forwarded from the caller (one task per sequence and head).

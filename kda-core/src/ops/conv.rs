@@ -122,6 +122,31 @@ pub fn short_conv_prefill(
     Ok(())
 }
 
+/// [`short_conv_prefill`] on the vector path `isa` (the same chains in the same order, SiLU on
+/// the vector `exp`; the portable path is [`short_conv_prefill`] itself). Decode steps (`T` = 1)
+/// and prefill give bitwise the same outputs and states on one path, whatever the split.
+pub fn short_conv_prefill_with(
+    isa: crate::Isa,
+    x: &mut [f32],
+    d: usize,
+    weight: Data<'_>,
+    state: &mut [f32],
+    scratch: &mut [f32],
+) -> Result<(), KdaError> {
+    let (w, _) = check(x.len(), d, &weight, state)?;
+    if scratch.len() < w - 1 {
+        return Err(KdaError::TooSmall {
+            arg: "conv scratch",
+            needed: w - 1,
+            actual: scratch.len(),
+        });
+    }
+    if isa != crate::Isa::Portable && crate::simd::short_conv(isa, x, d, weight, state) {
+        return Ok(());
+    }
+    short_conv_prefill(x, d, weight, state, scratch)
+}
+
 /// One decode step for one token: `x` `[d]` raw in, activated out; `state` `[d, W−1]` shifts
 /// left by one and takes the raw input as its newest entry.
 pub fn short_conv_step(x: &mut [f32], weight: Data<'_>, state: &mut [f32]) -> Result<(), KdaError> {
@@ -171,6 +196,78 @@ mod tests {
             }
         }
         (out, new_st)
+    }
+
+    /// Every vector path: the plain lanes at 4/8/16 give the reference loops' bits; the ISAs
+    /// this CPU has are within rounding; on each path, prefill in pieces and token by token
+    /// give the same bits as one call.
+    #[test]
+    fn vector_paths_match_the_reference_loops() {
+        use crate::simd::Path;
+        let mut paths = std::vec![Path::Lanes(4), Path::Lanes(8), Path::Lanes(16)];
+        paths.extend(
+            crate::Isa::all_supported()
+                .filter(|i| *i != crate::Isa::Portable)
+                .map(Path::from),
+        );
+        for &(d, w, t_len) in &[
+            (3usize, 4usize, 7usize),
+            (16, 4, 5),
+            (17, 4, 9),
+            (128, 4, 3),
+            (5, 1, 4),
+            (9, 8, 3),
+            (4, 2, 1),
+        ] {
+            let mut s = 7u32;
+            let mut r = || {
+                s = s.wrapping_mul(1103515245).wrapping_add(12345);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 6.0 - 3.0
+            };
+            let x: Vec<f32> = (0..d * t_len).map(|_| r()).collect();
+            let wt: Vec<f32> = (0..d * w).map(|_| r()).collect();
+            let st0: Vec<f32> = (0..d * (w - 1)).map(|_| r()).collect();
+            let mut scratch = std::vec![0.0; short_conv_prefill_scratch(w)];
+            let (mut want, mut want_st) = (x.clone(), st0.clone());
+            short_conv_prefill(&mut want, d, Data::F32(&wt), &mut want_st, &mut scratch).unwrap();
+            for &path in &paths {
+                let (mut y, mut st) = (x.clone(), st0.clone());
+                assert!(crate::simd::short_conv(
+                    path,
+                    &mut y,
+                    d,
+                    Data::F32(&wt),
+                    &mut st
+                ));
+                let exact = matches!(path, Path::Lanes(_));
+                for (a, b) in y.iter().zip(&want).chain(st.iter().zip(&want_st)) {
+                    if exact {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{path:?} d={d} w={w}");
+                    } else {
+                        assert!(
+                            (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                            "{path:?} {a} vs {b}"
+                        );
+                    }
+                }
+                // Token by token: the same bits as the one call, outputs and state.
+                let (mut y1, mut st1) = (x.clone(), st0.clone());
+                for row in y1.chunks_exact_mut(d) {
+                    assert!(crate::simd::short_conv(
+                        path,
+                        row,
+                        d,
+                        Data::F32(&wt),
+                        &mut st1
+                    ));
+                }
+                assert!(y1
+                    .iter()
+                    .zip(&y)
+                    .chain(st1.iter().zip(&st))
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
     }
 
     #[test]

@@ -84,6 +84,10 @@ impl Simd for Avx2 {
         unsafe { _mm256_mul_ps(a, b) }
     }
     #[inline(always)]
+    fn div(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_div_ps(a, b) }
+    }
+    #[inline(always)]
     fn mul_add(self, a: __m256, b: __m256, c: __m256) -> __m256 {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }

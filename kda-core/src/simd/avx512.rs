@@ -71,6 +71,10 @@ impl Simd for Avx512 {
         unsafe { _mm512_mul_ps(a, b) }
     }
     #[inline(always)]
+    fn div(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
     fn mul_add(self, a: __m512, b: __m512, c: __m512) -> __m512 {
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }

@@ -640,6 +640,82 @@ pub(crate) fn fma_peak<S: Simd>(s: S, iters: usize) -> (usize, f32) {
     (iters * chains * S::LANES, s.reduce_sum(total))
 }
 
+/// Most taps the vector short conv takes (Kimi's convs have 4); wider ones run the reference.
+pub(crate) const MAX_TAPS: usize = 8;
+
+/// The short causal depthwise conv + SiLU of `ops::conv` (same contract: `x` `[T, d]` raw in,
+/// activated out, in place; `weight` `[d, W]`; `state` `[d, W−1]` oldest first, replaced by
+/// the stream's last `W−1` raw inputs), `LANES` channels at a time. Each output is the chain
+/// `Σ_i w[c,i]·s[t−(W−1)+i]` in order of `i`, then `x / (1 + e^{−x})`, as the reference.
+#[inline(always)]
+pub(crate) unsafe fn short_conv<S: Simd>(
+    s: S,
+    x: &mut [f32],
+    d: usize,
+    weight: crate::weights::Data<'_>,
+    state: &mut [f32],
+) {
+    let (l, w) = (S::LANES, weight.len() / d);
+    let (hist, t_len, xp) = (w - 1, x.len() / d, x.as_mut_ptr());
+    let mut c0 = 0;
+    while c0 < d {
+        let nc = (d - c0).min(l);
+        // Tap-major weights and time-major history of the block's channels.
+        let mut taps = [[0.0f32; MAX_LANES]; MAX_TAPS];
+        let mut old = [[0.0f32; MAX_LANES]; MAX_TAPS];
+        for ci in 0..nc {
+            let c = c0 + ci;
+            for (i, t) in taps.iter_mut().enumerate().take(w) {
+                t[ci] = weight.at(c * w + i);
+            }
+            for (j, o) in old.iter_mut().enumerate().take(hist) {
+                o[ci] = state[c * hist + j];
+            }
+        }
+        // The new history (the stream's last `hist` raw entries), before x is overwritten.
+        let mut new = [[0.0f32; MAX_LANES]; MAX_TAPS];
+        for (j, n) in new.iter_mut().enumerate().take(hist) {
+            let pos = (t_len + j) as isize - hist as isize;
+            for (ci, v) in n.iter_mut().enumerate().take(nc) {
+                *v = match usize::try_from(pos) {
+                    Ok(p) => *xp.add(p * d + c0 + ci),
+                    Err(_) => old[(hist as isize + pos) as usize][ci],
+                };
+            }
+        }
+        let mut tv = [s.splat(0.0); MAX_TAPS];
+        for (v, t) in tv.iter_mut().zip(&taps).take(w) {
+            *v = s.load(t.as_ptr());
+        }
+        // Descending t: output t overwrites raw t only after every later output has read it.
+        for t in (0..t_len).rev() {
+            let mut acc = s.splat(0.0);
+            for (i, tap) in tv.iter().enumerate().take(w) {
+                let v = match usize::try_from((t + i) as isize - hist as isize) {
+                    Ok(j) if nc == l => s.load(xp.add(j * d + c0)),
+                    Ok(j) => s.load_partial(xp.add(j * d + c0), nc),
+                    Err(_) => s.load(old[t + i].as_ptr()),
+                };
+                acc = s.mul_add(*tap, v, acc);
+            }
+            let e = s.exp(s.mul(acc, s.splat(-1.0)));
+            let y = s.div(acc, s.add(s.splat(1.0), e));
+            let p = xp.add(t * d + c0);
+            if nc == l {
+                s.store(p, y);
+            } else {
+                s.store_partial(p, nc, y);
+            }
+        }
+        for (ci, c) in (c0..c0 + nc).enumerate() {
+            for (j, n) in new.iter().enumerate().take(hist) {
+                state[c * hist + j] = n[ci];
+            }
+        }
+        c0 += nc;
+    }
+}
+
 /// Defines, in the invoking module, one entry point per kernel for the token `$token`
 /// (an expression making it), each with `#[target_feature(enable = $features)]` when given.
 /// Their contract is that of the kernels: lengths checked by the caller, and the CPU has the
@@ -710,6 +786,16 @@ macro_rules! instantiate {
             acc: &mut [f32],
         ) {
             k::rows_fma($token, xs, ws, k0, k1, acc)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn short_conv(
+            x: &mut [f32],
+            d: usize,
+            weight: $crate::weights::Data<'_>,
+            state: &mut [f32],
+        ) -> bool {
+            k::short_conv($token, x, d, weight, state);
+            true
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn fma_peak(iters: usize) -> (usize, f32) {

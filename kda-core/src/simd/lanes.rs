@@ -45,6 +45,10 @@ impl<const N: usize> Simd for Lanes<N> {
         Self::zip(a, b, |a, b| a * b)
     }
     #[inline(always)]
+    fn div(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
+        Self::zip(a, b, |a, b| a / b)
+    }
+    #[inline(always)]
     fn mul_add(self, a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
         core::array::from_fn(|i| a[i] * b[i] + c[i])
     }

@@ -506,6 +506,28 @@ pub fn read_sum(isa: impl Into<Path>, data: &[f32], streams: usize, prefetch: bo
     )
 }
 
+/// The short causal conv + SiLU of [`crate::ops::conv`] on the path's vectors, when the path
+/// has them: returns `false`, having done nothing, on the reference path, for more than
+/// 8 taps, or when the lengths do not fit (the caller then runs its reference loops).
+pub fn short_conv(
+    isa: impl Into<Path>,
+    x: &mut [f32],
+    d: usize,
+    weight: crate::weights::Data<'_>,
+    state: &mut [f32],
+) -> bool {
+    let w = weight.len() / d.max(1);
+    let fits = d > 0
+        && (1..=kernels::MAX_TAPS).contains(&w)
+        && weight.len() == d * w
+        && x.len().is_multiple_of(d)
+        && state.len() == d * (w - 1);
+    if !fits {
+        return false;
+    }
+    dispatch!(isa, short_conv(x, d, weight, state), false)
+}
+
 /// The single-core f32 FMA peak probe on the path: independent multiply-add chains in
 /// registers, `iters` rounds. Returns (FMAs done, a value to keep the work alive).
 pub fn fma_peak(isa: impl Into<Path>, iters: usize) -> (usize, f32) {

@@ -47,6 +47,10 @@ impl Simd for Neon {
         unsafe { vmulq_f32(a, b) }
     }
     #[inline(always)]
+    fn div(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        unsafe { vdivq_f32(a, b) }
+    }
+    #[inline(always)]
     fn mul_add(self, a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
         unsafe { vfmaq_f32(c, a, b) }
     }

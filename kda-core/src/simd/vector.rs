@@ -45,6 +45,8 @@ pub(crate) trait Simd: Copy {
     fn add(self, a: Self::F, b: Self::F) -> Self::F;
     /// `a · b`.
     fn mul(self, a: Self::F, b: Self::F) -> Self::F;
+    /// `a / b` (correctly rounded on every path).
+    fn div(self, a: Self::F, b: Self::F) -> Self::F;
     /// `a · b + c` (fused where the ISA has FMA).
     fn mul_add(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// `min(hi, max(lo, x))`, with a NaN in `x` kept.
