@@ -9,8 +9,8 @@
 //!   every weight once, plus each sequence's recurrent and conv states read and written.
 //! * The bandwidth reference is the best of a few passes of a large `memcpy` (read + write bytes
 //!   counted) and, for reads, the best of several read patterns (1/4/8 streams, with and
-//!   without prefetch, the widest loads of the detected ISA), on as many threads as the
-//!   benchmark uses.
+//!   without prefetch, the widest loads of the detected ISA, and plain loops), on as many
+//!   threads as the benchmark uses.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -108,41 +108,69 @@ pub struct Bandwidth {
 /// One way of reading a buffer for the read-bandwidth reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadPattern {
-    /// Interleaved far-apart streams (1 KiB pieces), as a projection reads weight rows.
+    /// Interleaved far-apart streams, as a projection reads weight rows.
     pub streams: usize,
     /// Software prefetch ahead of each stream.
     pub prefetch: bool,
+    /// The widest vector loads of the detected ISA (kda-core's probe), or a plain integer
+    /// loop the compiler vectorises (512-byte pieces).
+    pub vector: bool,
 }
 
-/// The read patterns tried, each with the widest loads of the detected ISA: 1, 4 and 8
-/// streams, with and without software prefetch. The reference is the best of them, so a
-/// kernel's "% of read bandwidth" is measured against the strongest loop we have.
-pub const READ_PATTERNS: [ReadPattern; 6] = [
-    ReadPattern {
-        streams: 1,
-        prefetch: false,
-    },
-    ReadPattern {
-        streams: 4,
-        prefetch: false,
-    },
-    ReadPattern {
-        streams: 8,
-        prefetch: false,
-    },
-    ReadPattern {
-        streams: 1,
-        prefetch: true,
-    },
-    ReadPattern {
-        streams: 4,
-        prefetch: true,
-    },
-    ReadPattern {
-        streams: 8,
-        prefetch: true,
-    },
+impl ReadPattern {
+    const fn simd(streams: usize, prefetch: bool) -> Self {
+        ReadPattern {
+            streams,
+            prefetch,
+            vector: true,
+        }
+    }
+    const fn plain(streams: usize) -> Self {
+        ReadPattern {
+            streams,
+            prefetch: false,
+            vector: false,
+        }
+    }
+}
+
+/// The read patterns tried: 1, 4 and 8 streams with the widest loads of the detected ISA,
+/// with and without software prefetch, and 1 and 8 streams of a plain loop. The reference is
+/// the best of them, so a kernel's "% of read bandwidth" is measured against the strongest
+/// loop we have.
+pub const READ_PATTERNS: [ReadPattern; 8] = [
+    ReadPattern::simd(1, false),
+    ReadPattern::simd(4, false),
+    ReadPattern::simd(8, false),
+    ReadPattern::simd(1, true),
+    ReadPattern::simd(4, true),
+    ReadPattern::simd(8, true),
+    ReadPattern::plain(1),
+    ReadPattern::plain(8),
 ];
+
+/// A plain integer sum of `s` (wrapping), eight lanes the compiler vectorises.
+fn plain_sum(s: &[u32]) -> u32 {
+    let mut acc = [0u32; 8];
+    for c in s.chunks_exact(8) {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(*v);
+        }
+    }
+    acc.iter().fold(0, |a, b| a.wrapping_add(*b))
+}
+
+/// [`plain_sum`] over `streams` far-apart regions, 512 bytes of each in turn.
+fn plain_streams(s: &[u32], streams: usize) -> u32 {
+    let q = s.len() / streams / 128 * 128;
+    let mut acc = 0u32;
+    for off in (0..q).step_by(128) {
+        for j in 0..streams {
+            acc = acc.wrapping_add(plain_sum(&s[j * q + off..j * q + off + 128]));
+        }
+    }
+    acc.wrapping_add(plain_sum(&s[streams * q..]))
+}
 
 /// The best time of four runs of `f`, in seconds.
 fn best_of_four(f: &mut dyn FnMut()) -> f64 {
@@ -179,7 +207,13 @@ pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<Bandwidth> {
     });
     let isa = kda_core::Isa::detect();
     let read_s = |p: ReadPattern| {
-        let sum = |s: &[f32]| kda_core::internals::read_sum(isa, s, p.streams, p.prefetch);
+        let sum = |s: &[f32]| {
+            if p.vector {
+                kda_core::internals::read_sum(isa, s, p.streams, p.prefetch)
+            } else {
+                plain_streams(bytemuck::cast_slice(s), p.streams) as f32
+            }
+        };
         best_of_four(&mut || {
             let total: f32 = if parallel {
                 src.par_chunks(chunk).map(sum).sum()
@@ -476,7 +510,11 @@ fn report_setup(
             READ_PATTERNS.len(),
             bw.read_pattern.streams,
             if bw.read_pattern.prefetch { " + prefetch" } else { "" },
-            kda_core::Isa::detect().name()
+            if bw.read_pattern.vector {
+                kda_core::Isa::detect().name()
+            } else {
+                "plain-loop"
+            }
         ),
     )
 }
