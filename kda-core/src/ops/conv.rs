@@ -35,6 +35,18 @@ fn check(
     Ok((w, rows_of("conv x", x_len, d)?))
 }
 
+/// The conv scratch holds at least the `hist = W − 1` entries every path needs.
+fn check_scratch(len: usize, hist: usize) -> Result<(), KdaError> {
+    if len < hist {
+        return Err(KdaError::TooSmall {
+            arg: "conv scratch",
+            needed: hist,
+            actual: len,
+        });
+    }
+    Ok(())
+}
+
 /// Channels per block of the blocked prefill conv: one 64-byte line of a row.
 const CB: usize = 16;
 
@@ -58,13 +70,7 @@ pub fn short_conv_prefill(
 ) -> Result<(), KdaError> {
     let (w, t_len) = check(x.len(), d, &weight, state)?;
     let hist = w - 1;
-    if scratch.len() < hist {
-        return Err(KdaError::TooSmall {
-            arg: "conv scratch",
-            needed: hist,
-            actual: scratch.len(),
-        });
-    }
+    check_scratch(scratch.len(), hist)?;
     let cb = if scratch.len() >= CB * hist { CB } else { 1 };
     let mut c0 = 0;
     while c0 < d {
@@ -134,14 +140,8 @@ pub fn short_conv_prefill_with(
     scratch: &mut [f32],
 ) -> Result<(), KdaError> {
     let (w, _) = check(x.len(), d, &weight, state)?;
-    if scratch.len() < w - 1 {
-        return Err(KdaError::TooSmall {
-            arg: "conv scratch",
-            needed: w - 1,
-            actual: scratch.len(),
-        });
-    }
-    if isa != crate::Isa::Portable && crate::simd::short_conv(isa, x, d, weight, state) {
+    check_scratch(scratch.len(), w - 1)?;
+    if crate::simd::short_conv(isa, x, d, weight, state) {
         return Ok(());
     }
     short_conv_prefill(x, d, weight, state, scratch)
@@ -198,18 +198,27 @@ mod tests {
         (out, new_st)
     }
 
+    /// Inputs `[T, d]`, weights `[d, W]` and a conv state `[d, W−1]` from one LCG seeded with
+    /// `seed`, uniform in `[−half, half)`.
+    fn inputs((d, w, t_len): (usize, usize, usize), seed: u32, half: f32) -> [Vec<f32>; 3] {
+        let mut s = seed;
+        let mut r = || {
+            s = s.wrapping_mul(1103515245).wrapping_add(12345);
+            ((s >> 8) as f32 / (1u32 << 24) as f32) * (2.0 * half) - half
+        };
+        let x = (0..d * t_len).map(|_| r()).collect();
+        let wt = (0..d * w).map(|_| r()).collect();
+        let st = (0..d * (w - 1)).map(|_| r()).collect();
+        [x, wt, st]
+    }
+
     /// Every vector path: the plain lanes at 4/8/16 give the reference loops' bits; the ISAs
     /// this CPU has are within rounding; on each path, prefill in pieces and token by token
     /// give the same bits as one call.
     #[test]
     fn vector_paths_match_the_reference_loops() {
         use crate::simd::Path;
-        let mut paths = std::vec![Path::Lanes(4), Path::Lanes(8), Path::Lanes(16)];
-        paths.extend(
-            crate::Isa::all_supported()
-                .filter(|i| *i != crate::Isa::Portable)
-                .map(Path::from),
-        );
+        let paths = crate::simd::test_paths();
         for &(d, w, t_len) in &[
             (3usize, 4usize, 7usize),
             (16, 4, 5),
@@ -219,14 +228,7 @@ mod tests {
             (9, 8, 3),
             (4, 2, 1),
         ] {
-            let mut s = 7u32;
-            let mut r = || {
-                s = s.wrapping_mul(1103515245).wrapping_add(12345);
-                ((s >> 8) as f32 / (1u32 << 24) as f32) * 6.0 - 3.0
-            };
-            let x: Vec<f32> = (0..d * t_len).map(|_| r()).collect();
-            let wt: Vec<f32> = (0..d * w).map(|_| r()).collect();
-            let st0: Vec<f32> = (0..d * (w - 1)).map(|_| r()).collect();
+            let [x, wt, st0] = inputs((d, w, t_len), 7, 3.0);
             let mut scratch = std::vec![0.0; short_conv_prefill_scratch(w)];
             let (mut want, mut want_st) = (x.clone(), st0.clone());
             short_conv_prefill(&mut want, d, Data::F32(&wt), &mut want_st, &mut scratch).unwrap();
@@ -279,14 +281,7 @@ mod tests {
             (4, 2, 1),
             (3, 6, 3),
         ] {
-            let mut s = 1u32;
-            let mut r = || {
-                s = s.wrapping_mul(1103515245).wrapping_add(12345);
-                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
-            };
-            let x: Vec<f32> = (0..d * t_len).map(|_| r()).collect();
-            let wt: Vec<f32> = (0..d * w).map(|_| r()).collect();
-            let st0: Vec<f32> = (0..d * (w - 1)).map(|_| r()).collect();
+            let [x, wt, st0] = inputs((d, w, t_len), 1, 1.0);
             let (want, want_st) = reference(&x, d, &wt, &st0);
 
             let mut y = x.clone();

@@ -54,15 +54,13 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// Every path, fastest first.
-    const ALL: [Isa; 4] = [Isa::Avx512F, Isa::Avx2Fma, Isa::Neon, Isa::Portable];
+    /// Every path, the portable one first; on one CPU each later one it supports is faster
+    /// than the earlier ones (NEON and the x86 paths never coexist).
+    const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2Fma, Isa::Avx512F, Isa::Neon];
 
     /// The fastest path this CPU supports.
     pub fn detect() -> Isa {
-        Isa::ALL
-            .into_iter()
-            .find(|i| i.is_supported())
-            .unwrap_or(Isa::Portable)
+        Isa::all_supported().last().unwrap_or(Isa::Portable)
     }
 
     /// Whether this CPU can run the path.
@@ -77,16 +75,12 @@ impl Isa {
 
     /// Every path this CPU supports (for tests and benchmarks), the portable one first.
     pub fn all_supported() -> impl Iterator<Item = Isa> {
-        [Isa::Portable, Isa::Avx2Fma, Isa::Avx512F, Isa::Neon]
-            .into_iter()
-            .filter(|i| i.is_supported())
+        Isa::all().filter_map(|(i, ok)| ok.then_some(i))
     }
 
     /// Every path this build knows, with whether this CPU runs it (for "skipped: no …" lines).
     pub fn all() -> impl Iterator<Item = (Isa, bool)> {
-        [Isa::Portable, Isa::Avx2Fma, Isa::Avx512F, Isa::Neon]
-            .into_iter()
-            .map(|i| (i, i.is_supported()))
+        Isa::ALL.into_iter().map(|i| (i, i.is_supported()))
     }
 
     /// A short lower-case name (`portable`, `avx2`, `avx512f`, `neon`), as printed by benches.
@@ -170,6 +164,22 @@ impl From<Isa> for Path {
             Isa::Neon => Path::Neon,
         }
     }
+}
+
+/// Every vector path to test on this machine: the plain-lanes instantiations at 4, 8 and 16
+/// lanes, then each ISA this CPU has (a "skipped: no …" line for each it lacks).
+#[cfg(test)]
+pub(crate) fn test_paths() -> std::vec::Vec<Path> {
+    let mut v = std::vec![Path::Lanes(4), Path::Lanes(8), Path::Lanes(16)];
+    for (isa, ok) in Isa::all().filter(|(i, _)| *i != Isa::Portable) {
+        if ok {
+            v.push(isa.into());
+        } else {
+            std::println!("skipped: no {} ({isa:?} path untested here)", isa.feature());
+        }
+    }
+    std::println!("paths tested: {v:?}");
+    v
 }
 
 #[cfg(test)]
@@ -625,21 +635,6 @@ mod tests {
         (a - b).abs() <= tol * (1.0 + b.abs())
     }
 
-    /// Every path to test here: the plain-lanes instantiations at 4, 8 and 16 lanes, then
-    /// each ISA this CPU has (a "skipped: no …" line for each it lacks).
-    fn paths() -> Vec<Path> {
-        let mut v = std::vec![Path::Lanes(4), Path::Lanes(8), Path::Lanes(16)];
-        for (isa, ok) in Isa::all().filter(|(i, _)| *i != Isa::Portable) {
-            if ok {
-                v.push(isa.into());
-            } else {
-                std::println!("skipped: no {} ({isa:?} path untested here)", isa.feature());
-            }
-        }
-        std::println!("paths tested: {v:?}");
-        v
-    }
-
     /// Whether `path` promises the reference loops' bits (no fused multiply-add).
     fn exact(path: Path) -> bool {
         matches!(path, Path::Lanes(_))
@@ -659,7 +654,7 @@ mod tests {
 
     #[test]
     fn every_path_matches_portable() {
-        for path in paths() {
+        for path in test_paths() {
             for n in [0usize, 1, 3, 4, 5, 7, 8, 15, 16, 17, 31, 33, 100, 128, 257] {
                 let x = rnd(n, 1);
                 let mut y1 = rnd(n, 7);
@@ -898,7 +893,7 @@ mod tests {
 
     #[test]
     fn projection_kernels_agree_bitwise_and_match_f64() {
-        for isa in paths() {
+        for isa in test_paths() {
             for n in [1usize, 7, 8, 9, 37, 300] {
                 let tokens = 13;
                 let xv: Vec<Vec<f32>> = (0..tokens).map(|t| rnd(n, 50 + t as u32)).collect();
@@ -979,7 +974,7 @@ mod tests {
 
     #[test]
     fn panel_layout_kernel_matches_the_row_kernels_bitwise() {
-        for isa in paths() {
+        for isa in test_paths() {
             for n in [1usize, 5, 16, 37, 130] {
                 let xv: Vec<Vec<f32>> = (0..4).map(|t| rnd(n, 7 + t as u32)).collect();
                 let wv: Vec<Vec<bf16>> = (0..4 * PANEL)
@@ -1074,7 +1069,7 @@ mod tests {
             f32::NEG_INFINITY,
             f32::NAN,
         ]);
-        for isa in paths() {
+        for isa in test_paths() {
             let mut y = xs.clone();
             exp_in_place(isa, &mut y);
             for (&x, &v) in xs.iter().zip(&y) {
@@ -1097,7 +1092,7 @@ mod tests {
 
     #[test]
     fn read_probe_sums_everything_once() {
-        for isa in paths().into_iter().chain([Path::Reference]) {
+        for isa in test_paths().into_iter().chain([Path::Reference]) {
             for n in [0usize, 5, 64, 1000, 4096 + 77] {
                 let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
                 let want: f32 = data.iter().sum();
@@ -1113,7 +1108,7 @@ mod tests {
 
     #[test]
     fn transpose_every_shape() {
-        for isa in paths() {
+        for isa in test_paths() {
             for &(r, c) in &[
                 (1usize, 1usize),
                 (8, 8),
@@ -1136,7 +1131,7 @@ mod tests {
 
     #[test]
     fn gemm_matches_triple_loop() {
-        for isa in paths() {
+        for isa in test_paths() {
             for &(m, n, k) in &[
                 (1usize, 1usize, 1usize),
                 (4, 16, 8),

@@ -112,12 +112,12 @@ fn decode(isa: Isa, n: usize, layout: Layout) -> Result<(), String> {
         ..ForwardOptions::recurrent()
     };
     let base = owned.weights().map_err(|e| e.to_string())?;
-    let panels = match layout {
-        Layout::Panels => Panels::new(&base).map_err(|e| e.to_string())?,
-        Layout::Rows => Panels::default(),
-    };
+    let panels;
     let weights = match layout {
-        Layout::Panels => panels.weights(&base).map_err(|e| e.to_string())?,
+        Layout::Panels => {
+            panels = Panels::new(&base).map_err(|e| e.to_string())?;
+            panels.weights(&base).map_err(|e| e.to_string())?
+        }
         Layout::Rows => base,
     };
     let layer = KdaLayer::new(&cfg, weights, opts).map_err(|e| e.to_string())?;
