@@ -519,16 +519,27 @@ unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
             }
         }
     }
-    for k in k0..k1 {
+    debug_assert!(!S::LANE_FMA || S::LANES == 4);
+    let mut k = k0;
+    if S::LANE_FMA {
+        // Four steps per load of each token's next four inputs, taken by lane.
+        while k + 4 <= k1 {
+            // SAFETY: `k + 4 ≤ k1`, and LANE_FMA implies LANES == 4.
+            let xq: [S::F; MT] = core::array::from_fn(|t| unsafe { s.load(x[t].add(k)) });
+            panels_lane_step::<S, MT, P, 0>(s, &xq, &pp, k, &mut a);
+            panels_lane_step::<S, MT, P, 1>(s, &xq, &pp, k + 1, &mut a);
+            panels_lane_step::<S, MT, P, 2>(s, &xq, &pp, k + 2, &mut a);
+            panels_lane_step::<S, MT, P, 3>(s, &xq, &pp, k + 3, &mut a);
+            k += 4;
+        }
+    }
+    for k in k..k1 {
         let mut xv = [s.splat(0.0); MT];
         for (xv, x) in xv.iter_mut().zip(x) {
             *xv = s.broadcast(x.add(k));
         }
         for (p, pp) in pp.iter().enumerate() {
-            let mut b = [s.splat(0.0); MAX_PER_PANEL];
-            for (v, b) in b.iter_mut().enumerate().take(vp) {
-                *b = s.load_bf16(pp.add(k * PANEL + v * S::LANES));
-            }
+            let b = panel_row(s, pp.add(k * PANEL));
             for (t, xv) in xv.iter().enumerate() {
                 for v in 0..vp {
                     a[t][p][v] = s.mul_add(*xv, b[v], a[t][p][v]);
@@ -540,6 +551,42 @@ unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
         for (p, a) in a.iter().enumerate() {
             for (v, a) in a.iter().enumerate().take(vp) {
                 s.store(acc.add(at(t, p, v)), *a);
+            }
+        }
+    }
+}
+
+/// Row `k` of a bf16 panel (16 values) as `PANEL / LANES` vectors, widened in pairs.
+#[inline(always)]
+unsafe fn panel_row<S: Simd>(s: S, p: *const bf16) -> [S::F; MAX_PER_PANEL] {
+    let mut b = [s.splat(0.0); MAX_PER_PANEL];
+    let vp = PANEL / S::LANES;
+    if vp == 1 {
+        b[0] = s.load_bf16(p);
+    } else {
+        for v in (0..vp).step_by(2) {
+            (b[v], b[v + 1]) = s.load_bf16_pair(p.add(v * S::LANES));
+        }
+    }
+    b
+}
+
+/// Row `k` of every panel times lane `J` of each token's `xq` (the [`Simd::LANE_FMA`] path
+/// of [`panels_block`]: the same multiply-adds in the same order as its broadcast path).
+#[inline(always)]
+unsafe fn panels_lane_step<S: Simd, const MT: usize, const P: usize, const J: i32>(
+    s: S,
+    xq: &[S::F; MT],
+    pp: &[*const bf16; P],
+    k: usize,
+    a: &mut [[[S::F; MAX_PER_PANEL]; P]; MT],
+) {
+    let vp = PANEL / S::LANES;
+    for (p, pp) in pp.iter().enumerate() {
+        let b = panel_row(s, pp.add(k * PANEL));
+        for (t, xq) in xq.iter().enumerate() {
+            for v in 0..vp {
+                a[t][p][v] = s.mul_add_lane::<J>(*xq, b[v], a[t][p][v]);
             }
         }
     }

@@ -31,6 +31,8 @@ impl<const N: usize> Simd for Lanes<N> {
     const GEMM_VECS: usize = if N <= 4 { 4 } else { 2 };
     const DECODE_ROWS: usize = if N > 8 { N } else { 8 };
     const REGISTERS: usize = 16;
+    // At NEON's width, the lane path of the kernels (tested here on any machine).
+    const LANE_FMA: bool = N == 4;
 
     #[inline(always)]
     fn splat(self, x: f32) -> [f32; N] {
@@ -51,6 +53,11 @@ impl<const N: usize> Simd for Lanes<N> {
     #[inline(always)]
     fn mul_add(self, a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
         core::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    fn mul_add_lane<const J: i32>(self, a: [f32; N], b: [f32; N], c: [f32; N]) -> [f32; N] {
+        let x = a[J as usize];
+        core::array::from_fn(|i| x * b[i] + c[i])
     }
     #[inline(always)]
     fn clamp(self, x: [f32; N], lo: f32, hi: f32) -> [f32; N] {

@@ -796,6 +796,7 @@ mod tests {
                 for j in 0..l {
                     put(s.tile_col(&tile, j), &mut out);
                 }
+                check_lane_ops(s, a, b, &wide[i * l..]);
                 let sum = s.reduce_sum(a);
                 let want: f32 = c.iter().sum();
                 let ok = (sum - want).abs() <= 1e-5 * c.iter().map(|v| v.abs()).sum::<f32>();
@@ -803,6 +804,36 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `mul_add_lane::<J>` is `mul_add` with lane `J` splatted, and `load_bf16_pair` is two
+    /// `load_bf16`, bit for bit (NaN matching NaN); `wide` holds at least `LANES` bf16 (a
+    /// pair is read only where it holds `2·LANES`).
+    ///
+    /// # Safety
+    /// `S`'s instruction set is available.
+    unsafe fn check_lane_ops<S: vector::Simd>(s: S, a: S::F, b: S::F, wide: &[bf16]) {
+        let l = S::LANES;
+        let lanes = |v: S::F| {
+            let mut buf = [0.0f32; vector::MAX_LANES];
+            s.store(buf.as_mut_ptr(), v);
+            buf
+        };
+        let same = |x: S::F, y: S::F, what: &str| {
+            for (x, y) in lanes(x).iter().zip(lanes(y).iter()).take(l) {
+                assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{what}: {x} vs {y}");
+            }
+        };
+        let (al, c) = (lanes(a), s.splat(0.375));
+        same(s.mul_add_lane::<0>(a, b, c), s.mul_add(s.splat(al[0]), b, c), "lane 0");
+        same(s.mul_add_lane::<1>(a, b, c), s.mul_add(s.splat(al[1]), b, c), "lane 1");
+        same(s.mul_add_lane::<2>(a, b, c), s.mul_add(s.splat(al[2]), b, c), "lane 2");
+        same(s.mul_add_lane::<3>(a, b, c), s.mul_add(s.splat(al[3]), b, c), "lane 3");
+        if wide.len() >= 2 * l {
+            let (lo, hi) = s.load_bf16_pair(wide.as_ptr());
+            same(lo, s.load_bf16(wide.as_ptr()), "bf16 pair, first");
+            same(hi, s.load_bf16(wide[l..].as_ptr()), "bf16 pair, second");
+        }
     }
 
     /// The generic `exp` (the ISAs' one) on plain lanes: within 2 ulp of `libm`.

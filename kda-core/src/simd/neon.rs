@@ -33,6 +33,7 @@ impl Simd for Neon {
     const GEMM_VECS: usize = 4;
     const DECODE_ROWS: usize = 8;
     const REGISTERS: usize = 32;
+    const LANE_FMA: bool = true;
 
     #[inline(always)]
     fn splat(self, x: f32) -> float32x4_t {
@@ -53,6 +54,15 @@ impl Simd for Neon {
     #[inline(always)]
     fn mul_add(self, a: float32x4_t, b: float32x4_t, c: float32x4_t) -> float32x4_t {
         unsafe { vfmaq_f32(c, a, b) }
+    }
+    #[inline(always)]
+    fn mul_add_lane<const J: i32>(
+        self,
+        a: float32x4_t,
+        b: float32x4_t,
+        c: float32x4_t,
+    ) -> float32x4_t {
+        unsafe { vfmaq_laneq_f32::<J>(c, b, a) }
     }
     #[inline(always)]
     fn clamp(self, x: float32x4_t, lo: f32, hi: f32) -> float32x4_t {
@@ -100,6 +110,12 @@ impl Simd for Neon {
     unsafe fn load_bf16(self, p: *const bf16) -> float32x4_t {
         // A bf16 is the high half of an f32: widen by a 16-bit left shift.
         vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p as *const u16)))
+    }
+    #[inline(always)]
+    unsafe fn load_bf16_pair(self, p: *const bf16) -> (float32x4_t, float32x4_t) {
+        let u = vld1q_u16(p as *const u16);
+        let lo = vshll_n_u16::<16>(vget_low_u16(u));
+        (vreinterpretq_f32_u32(lo), vreinterpretq_f32_u32(vshll_high_n_u16::<16>(u)))
     }
     #[inline(always)]
     unsafe fn broadcast(self, p: *const f32) -> float32x4_t {

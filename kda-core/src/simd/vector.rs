@@ -38,6 +38,10 @@ pub(crate) trait Simd: Copy {
     const DECODE_ROWS: usize;
     /// Vector registers of the ISA.
     const REGISTERS: usize;
+    /// Whether [`Simd::mul_add_lane`] is one instruction (NEON's by-element FMA; only with
+    /// `LANES == 4`). Kernels that multiply by one scalar at a time then load four scalars as
+    /// one vector and use its lanes, instead of broadcasting each scalar from memory.
+    const LANE_FMA: bool = false;
 
     /// `x` in every lane.
     fn splat(self, x: f32) -> Self::F;
@@ -60,6 +64,17 @@ pub(crate) trait Simd: Copy {
     /// The sum of the lanes (a fixed order per ISA).
     fn reduce_sum(self, v: Self::F) -> f32;
 
+    /// `a[J] · b + c`: lane `J < 4` of `a` times every lane of `b`, fused like
+    /// [`Simd::mul_add`] (so equal to `mul_add(splat(a[J]), b, c)` bit for bit). Kernels use
+    /// it only where [`Simd::LANE_FMA`]; the default goes through memory.
+    #[inline(always)]
+    fn mul_add_lane<const J: i32>(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F {
+        let mut buf = [0.0f32; MAX_LANES];
+        // SAFETY: `buf` holds MAX_LANES ≥ LANES f32.
+        unsafe { self.store(buf.as_mut_ptr(), a) };
+        self.mul_add(self.splat(buf[J as usize]), b, c)
+    }
+
     /// Hints the CPU to fetch the cache line at `p` (never faults; a no-op by default).
     #[inline(always)]
     fn prefetch(self, p: *const f32) {
@@ -81,6 +96,15 @@ pub(crate) trait Simd: Copy {
     /// # Safety
     /// `p` is valid for reading `LANES` bf16.
     unsafe fn load_bf16(self, p: *const bf16) -> Self::F;
+    /// `2·LANES` bf16 at `p`, widened: the first `LANES`, then the next `LANES` (NEON: one
+    /// 16-byte load and two widening shifts).
+    ///
+    /// # Safety
+    /// `p` is valid for reading `2·LANES` bf16.
+    #[inline(always)]
+    unsafe fn load_bf16_pair(self, p: *const bf16) -> (Self::F, Self::F) {
+        (self.load_bf16(p), self.load_bf16(p.add(Self::LANES)))
+    }
     /// `*p` in every lane.
     ///
     /// # Safety

@@ -8,14 +8,15 @@
 //!                                  recurrent state carried from step to step
 //! insn_probe ISA decode-rows N     the same with the weights row-major (`--layout rows`)
 //! insn_probe ISA prefill N [C]     the chunked recurrence core of one head (K = V = 128) over
-//!                                  N chunks of C tokens (default: the layer's default chunk)
+//!                                  N ≤ 8 chunks of C tokens (default: the layer's default
+//!                                  chunk); the inputs are always drawn for 8 chunks
 //! ```
 //! `ISA` is `portable`, `best` (the fastest this CPU supports), or any supported path's name
 //! as `kda_core::Isa` spells it, case-insensitive (`avx2fma`, …).
 //!
 //! The counting script runs it for two values of `N` and divides the difference of the counts
-//! by the difference of the `N`s, so weight generation, process start-up and the first-call
-//! costs cancel. Besides a checksum (so nothing is optimised away) it prints the FLOPs and the
+//! by the difference of the `N`s, so weight and input generation, process start-up and the
+//! first-call costs cancel (nothing but the kernel may grow with `N`). Besides a checksum (so nothing is optimised away) it prints the FLOPs and the
 //! bytes of one unit, for the arithmetic intensity in the README.
 
 use std::process::ExitCode;
@@ -34,6 +35,9 @@ use kda_host::{OwnedData, OwnedGate, OwnedLayer, OwnedMat};
 const HEAD: usize = 128;
 /// Largest `N` accepted (a guard against a typo that would run for hours under QEMU).
 const MOST_UNITS: usize = 1000;
+/// Chunks of prefill input drawn whatever `N` is (so input generation cancels in the
+/// difference of two counts), and so the largest `N` for `prefill`.
+const PREFILL_INPUT_CHUNKS: usize = 8;
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -200,9 +204,16 @@ fn cheap_layer(cfg: KdaConfig) -> OwnedLayer {
     }
 }
 
-/// The chunked core of one head over `n` chunks of `c` tokens.
+/// The chunked core of one head over `n` chunks of `c` tokens. The inputs are drawn for
+/// [`PREFILL_INPUT_CHUNKS`] chunks whatever `n` is: drawing them (Box–Muller normals) costs
+/// more instructions than the kernel, so it must not grow with `n`.
 fn prefill(isa: Isa, n: usize, c: usize) -> Result<(), String> {
-    let t = n * c;
+    if n > PREFILL_INPUT_CHUNKS {
+        return Err(format!(
+            "prefill runs at most {PREFILL_INPUT_CHUNKS} chunks, got N = {n}"
+        ));
+    }
+    let drawn = PREFILL_INPUT_CHUNKS * c;
     let mut rng = Rng::new(5);
     let mut unit_rows = |rows: usize| {
         let mut m = rng.normals(rows * HEAD, 1.0);
@@ -212,19 +223,20 @@ fn prefill(isa: Isa, n: usize, c: usize) -> Result<(), String> {
         }
         m
     };
-    let (q, k) = (unit_rows(t), unit_rows(t));
-    let mut v = rng.normals(t * HEAD, 1.0);
+    let (q, k) = (unit_rows(drawn), unit_rows(drawn));
+    let mut v = rng.normals(drawn * HEAD, 1.0);
     // Log-decays in (−5, 0) (the bounded gate's range) and write strengths in (0, 1).
-    let g: Vec<f32> = (0..t * HEAD).map(|_| -5.0 * rng.uniform()).collect();
-    let beta: Vec<f32> = (0..t).map(|_| rng.uniform()).collect();
+    let g: Vec<f32> = (0..drawn * HEAD).map(|_| -5.0 * rng.uniform()).collect();
+    let beta: Vec<f32> = (0..drawn).map(|_| rng.uniform()).collect();
+    let t = n * c;
     let mut state = vec![0.0f32; HEAD * HEAD];
     let mut scratch = vec![0.0f32; chunked_scratch_len(c, HEAD, HEAD)];
     let rows = HeadRows {
-        q: &q,
-        k: &k,
-        g: &g,
-        beta: &beta,
-        v_o: &mut v,
+        q: &q[..t * HEAD],
+        k: &k[..t * HEAD],
+        g: &g[..t * HEAD],
+        beta: &beta[..t],
+        v_o: &mut v[..t * HEAD],
         state: &mut state,
         scale: 1.0 / (HEAD as f32).sqrt(),
     };
@@ -278,5 +290,6 @@ mod tests {
         for isa in Isa::all_supported() {
             assert_eq!(prefill(isa, 2, 16), Ok(()));
         }
+        assert!(prefill(Isa::Portable, PREFILL_INPUT_CHUNKS + 1, 16).is_err());
     }
 }
