@@ -268,6 +268,29 @@ mod tests {
                     .zip(&y)
                     .chain(st1.iter().zip(&st))
                     .all(|(a, b)| a.to_bits() == b.to_bits()));
+                // bf16 weights (the one-token path reads them in their own type): token by
+                // token equals the one call.
+                let wb: std::vec::Vec<half::bf16> =
+                    wt.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                let (mut yb, mut stb) = (x.clone(), st0.clone());
+                assert!(crate::simd::short_conv(path, &mut yb, d, Data::Bf16(&wb), &mut stb));
+                let (mut yt, mut stt) = (x.clone(), st0.clone());
+                for row in yt.chunks_exact_mut(d) {
+                    assert!(crate::simd::short_conv(
+                        path,
+                        row,
+                        d,
+                        Data::Bf16(&wb),
+                        &mut stt
+                    ));
+                }
+                assert!(
+                    yt.iter()
+                        .zip(&yb)
+                        .chain(stt.iter().zip(&stb))
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{path:?} d={d} w={w} bf16"
+                );
             }
         }
     }

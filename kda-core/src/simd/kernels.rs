@@ -94,7 +94,9 @@ unsafe fn write_read<S: Simd>(s: S, row: &mut [f32], k: f32, delta: &[f32], q: f
 }
 
 /// Pass 1 over a state `[K, V]` (`V = p.len()`, `s` a whole number of rows): for each key
-/// row `d`, `s[d] *= decay[d]; p += k[d]·s[d]`.
+/// row `d`, `s[d] *= decay[d]; p += k[d]·s[d]`. Column blocks of 4 vectors outer, rows inner,
+/// so the block of `p` stays in registers: every element sees the rows in order, as the row
+/// by row form.
 #[inline(always)]
 pub(crate) unsafe fn decay_predict_rows<S: Simd>(
     s: S,
@@ -103,13 +105,54 @@ pub(crate) unsafe fn decay_predict_rows<S: Simd>(
     decay: &[f32],
     p: &mut [f32],
 ) {
-    for ((row, &kd), &a) in state.chunks_exact_mut(p.len()).zip(k).zip(decay) {
-        decay_predict(s, row, a, kd, p);
+    let (l, v) = (S::LANES, p.len());
+    let rows = (state.len() / v).min(k.len()).min(decay.len());
+    let mut j = 0;
+    while j + 4 * l <= v {
+        decay_predict_cols::<S, 4>(s, state, (k, decay), rows, j, p);
+        j += 4 * l;
+    }
+    while j + l <= v {
+        decay_predict_cols::<S, 1>(s, state, (k, decay), rows, j, p);
+        j += l;
+    }
+    if j < v {
+        for r in 0..rows {
+            decay_predict(s, &mut state[r * v + j..(r + 1) * v], decay[r], k[r], &mut p[j..]);
+        }
+    }
+}
+
+/// Columns `j..j + G·LANES` of pass 1 over the first `rows` rows.
+#[inline(always)]
+unsafe fn decay_predict_cols<S: Simd, const G: usize>(
+    s: S,
+    state: &mut [f32],
+    (k, decay): (&[f32], &[f32]),
+    rows: usize,
+    j: usize,
+    p: &mut [f32],
+) {
+    let (l, v) = (S::LANES, p.len());
+    let (sp, pp) = (state.as_mut_ptr(), p.as_mut_ptr().add(j));
+    let mut acc: [S::F; G] = core::array::from_fn(|g| s.load(pp.add(g * l)));
+    for r in 0..rows {
+        let (dv, kv) = (s.splat(decay[r]), s.splat(k[r]));
+        let row = sp.add(r * v + j);
+        for (g, acc) in acc.iter_mut().enumerate() {
+            let sv = s.mul(s.load(row.add(g * l)), dv);
+            s.store(row.add(g * l), sv);
+            *acc = s.mul_add(kv, sv, *acc);
+        }
+    }
+    for (g, acc) in acc.iter().enumerate() {
+        s.store(pp.add(g * l), *acc);
     }
 }
 
 /// Pass 2 over a state `[K, V]` (`V = o.len()`): for each key row `d`,
-/// `s[d] += k[d]·delta; o += (q[d]·scale)·s[d]`.
+/// `s[d] += k[d]·delta; o += (q[d]·scale)·s[d]`. Blocked like [`decay_predict_rows`]: `delta`
+/// and `o` stay in registers.
 #[inline(always)]
 pub(crate) unsafe fn write_read_rows<S: Simd>(
     s: S,
@@ -119,8 +162,50 @@ pub(crate) unsafe fn write_read_rows<S: Simd>(
     (q, scale): (&[f32], f32),
     o: &mut [f32],
 ) {
-    for ((row, &kd), &qd) in state.chunks_exact_mut(o.len()).zip(k).zip(q) {
-        write_read(s, row, kd, delta, qd * scale, o);
+    let (l, v) = (S::LANES, o.len());
+    let rows = (state.len() / v).min(k.len()).min(q.len());
+    let mut j = 0;
+    while j + 4 * l <= v {
+        write_read_cols::<S, 4>(s, state, (k, q, scale), rows, (j, delta), o);
+        j += 4 * l;
+    }
+    while j + l <= v {
+        write_read_cols::<S, 1>(s, state, (k, q, scale), rows, (j, delta), o);
+        j += l;
+    }
+    if j < v {
+        for r in 0..rows {
+            let row = &mut state[r * v + j..(r + 1) * v];
+            write_read(s, row, k[r], &delta[j..], q[r] * scale, &mut o[j..]);
+        }
+    }
+}
+
+/// Columns `j..j + G·LANES` of pass 2 over the first `rows` rows.
+#[inline(always)]
+unsafe fn write_read_cols<S: Simd, const G: usize>(
+    s: S,
+    state: &mut [f32],
+    (k, q, scale): (&[f32], &[f32], f32),
+    rows: usize,
+    (j, delta): (usize, &[f32]),
+    o: &mut [f32],
+) {
+    let (l, v) = (S::LANES, o.len());
+    let (sp, op, dp) = (state.as_mut_ptr(), o.as_mut_ptr().add(j), delta.as_ptr().add(j));
+    let dv: [S::F; G] = core::array::from_fn(|g| s.load(dp.add(g * l)));
+    let mut acc: [S::F; G] = core::array::from_fn(|g| s.load(op.add(g * l)));
+    for r in 0..rows {
+        let (kv, qv) = (s.splat(k[r]), s.splat(q[r] * scale));
+        let row = sp.add(r * v + j);
+        for g in 0..G {
+            let sv = s.mul_add(kv, dv[g], s.load(row.add(g * l)));
+            s.store(row.add(g * l), sv);
+            acc[g] = s.mul_add(qv, sv, acc[g]);
+        }
+    }
+    for (g, acc) in acc.iter().enumerate() {
+        s.store(op.add(g * l), *acc);
     }
 }
 
@@ -704,6 +789,15 @@ pub(crate) unsafe fn short_conv<S: Simd>(
 ) {
     let (l, w) = (S::LANES, weight.len() / d);
     let (hist, t_len, xp) = (w - 1, x.len() / d, x.as_mut_ptr());
+    if t_len == 1 {
+        use crate::weights::Data;
+        // One token (decode): the weights read in their own type, no per-element dispatch.
+        match weight {
+            Data::F32(ws) => return conv_token(s, x, ws, state),
+            Data::Bf16(ws) => return conv_token(s, x, ws, state),
+            _ => {}
+        }
+    }
     let mut c0 = 0;
     while c0 < d {
         let nc = (d - c0).min(l);
@@ -760,6 +854,102 @@ pub(crate) unsafe fn short_conv<S: Simd>(
             }
         }
         c0 += nc;
+    }
+}
+
+/// [`short_conv`] for one token (`x` `[d]`), `LANES` channels at a time: the same chain per
+/// output (`Σ_i w[c,i]·s_i` in order of `i`, the token last), the history shifted by one in
+/// place. With `LANES` taps, a block's taps and history come from one tile load each (its
+/// rows are the channels); otherwise they are gathered one value at a time.
+#[inline(always)]
+unsafe fn conv_token<S: Simd, W: Elem>(s: S, x: &mut [f32], weight: &[W], state: &mut [f32]) {
+    let (l, d) = (S::LANES, x.len());
+    let w = weight.len() / d;
+    let hist = w - 1;
+    let (xp, wp, sp) = (x.as_mut_ptr(), weight.as_ptr(), state.as_mut_ptr());
+    let mut c0 = 0;
+    while c0 < d {
+        let nc = (d - c0).min(l);
+        let xv = if nc == l {
+            s.load(xp.add(c0))
+        } else {
+            s.load_partial(xp.add(c0), nc)
+        };
+        // A history tile reads one value past the block's last row: only before the last block.
+        let acc = if w == l && nc == l && c0 + l < d {
+            let wr: [*const W; MAX_LANES] =
+                core::array::from_fn(|i| wp.add((c0 + i.min(l - 1)) * w));
+            let sr: [*const f32; MAX_LANES] =
+                core::array::from_fn(|i| sp.add((c0 + i.min(l - 1)) * hist) as *const f32);
+            let (wt, st) = (s.load_tile(&wr, 0), s.load_tile(&sr, 0));
+            let mut acc = s.splat(0.0);
+            for i in 0..S::LANES {
+                let v = if i < S::LANES - 1 { s.tile_col(&st, i) } else { xv };
+                acc = s.mul_add(s.tile_col(&wt, i), v, acc);
+            }
+            acc
+        } else {
+            conv_gathered(s, (wp, w), sp, (c0, nc), xv)
+        };
+        shift_history(sp, (c0, nc), hist, xp);
+        let e = s.exp(s.mul(acc, s.splat(-1.0)));
+        let y = s.div(acc, s.add(s.splat(1.0), e));
+        if nc == l {
+            s.store(xp.add(c0), y);
+        } else {
+            s.store_partial(xp.add(c0), nc, y);
+        }
+        c0 += nc;
+    }
+}
+
+/// One block's conv chain with its taps and history gathered one value at a time.
+#[inline(always)]
+unsafe fn conv_gathered<S: Simd, W: Elem>(
+    s: S,
+    (wp, w): (*const W, usize),
+    sp: *const f32,
+    (c0, nc): (usize, usize),
+    xv: S::F,
+) -> S::F {
+    let hist = w - 1;
+    let mut buf = [0.0f32; MAX_LANES];
+    let mut acc = s.splat(0.0);
+    for i in 0..w {
+        for (ci, b) in buf.iter_mut().enumerate().take(nc) {
+            *b = (*wp.add((c0 + ci) * w + i)).widen();
+        }
+        let tap = s.load(buf.as_ptr());
+        let v = if i < hist {
+            for (ci, b) in buf.iter_mut().enumerate().take(nc) {
+                *b = *sp.add((c0 + ci) * hist + i);
+            }
+            s.load(buf.as_ptr())
+        } else {
+            xv
+        };
+        acc = s.mul_add(tap, v, acc);
+    }
+    acc
+}
+
+/// The histories `[hist]` of channels `c0..c0 + nc` (rows of `state`) shifted by one, the
+/// channel's input `x[c]` appended.
+#[inline(always)]
+unsafe fn shift_history(state: *mut f32, (c0, nc): (usize, usize), hist: usize, x: *const f32) {
+    for c in c0..c0 + nc {
+        let row = state.add(c * hist);
+        if hist == 3 {
+            // Kimi's 4-tap convs, without a loop.
+            *row = *row.add(1);
+            *row.add(1) = *row.add(2);
+            *row.add(2) = *x.add(c);
+        } else if hist > 0 {
+            for j in 1..hist {
+                *row.add(j - 1) = *row.add(j);
+            }
+            *row.add(hist - 1) = *x.add(c);
+        }
     }
 }
 
