@@ -2,12 +2,12 @@
 //! up-projections (round 1b) and `o_proj` (round 3), each split into tiles of output rows that
 //! run as independent tasks.
 
+use crate::config::DecayGate;
 use crate::error::KdaError;
 use crate::exec::{Executor, FirstError, Shared};
-use crate::math::{exp, sigmoid};
-use crate::ops::gate::decay_one;
+use crate::math::exp;
 use crate::ops::linear::project_tile;
-use crate::weights::{GateWeights, MatRef};
+use crate::weights::{Data, GateWeights, MatRef};
 
 use super::KdaLayer;
 
@@ -151,22 +151,75 @@ impl<'l, 'w> PostOp<'l, 'w> {
         }
     }
 
-    #[inline(always)]
-    fn apply(&mut self, o: usize, v: f32) -> f32 {
+    /// `dst[j] = post(first + j, vals[j])`, a head at a time, the gate functions on the
+    /// layer's vector path (`simd::sigmoid_scaled` / `softplus_scaled`; on the portable path
+    /// the `libm` numbers of `ops::gate::decay_gate` and `math::sigmoid`).
+    fn apply_slice(&mut self, first: usize, vals: &[f32], dst: &mut [f32]) {
+        let isa = self.layer.isa;
         match self.post {
-            Post::None => v,
-            Post::Sigmoid => sigmoid(v),
+            Post::None => dst.copy_from_slice(vals),
+            Post::Sigmoid => {
+                dst.copy_from_slice(vals);
+                crate::simd::sigmoid_scaled(isa, dst, 1.0);
+            }
             Post::Decay => {
                 let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
-                let h = o / cfg.head_dim;
-                if self.head_a.0 != h {
-                    self.head_a = (h, w.a_log.map(|a| exp(a.at(h))));
+                let k = cfg.head_dim;
+                let mut j = 0;
+                while j < vals.len() {
+                    let o = first + j;
+                    let (h, n) = (o / k, (k - o % k).min(vals.len() - j));
+                    if self.head_a.0 != h {
+                        self.head_a = (h, w.a_log.map(|a| exp(a.at(h))));
+                    }
+                    let a = self.head_a.1;
+                    let (src, out) = (&vals[j..j + n], &mut dst[j..j + n]);
+                    add_bias(out, src, w.dt_bias, o);
+                    match cfg.decay_gate {
+                        DecayGate::Softplus => {
+                            crate::simd::softplus_scaled(isa, out, -a.unwrap_or(1.0))
+                        }
+                        DecayGate::LowerBound(lb) => {
+                            if let Some(a) = a {
+                                out.iter_mut().for_each(|x| *x *= a);
+                            }
+                            crate::simd::sigmoid_scaled(isa, out, lb);
+                        }
+                    }
+                    j += n;
                 }
-                decay_one(cfg.decay_gate, self.head_a.1, w.dt_bias, o, v)
             }
         }
     }
 }
+
+/// `out[i] = src[i] + bias[first + i]` (`+ 0.0` without a bias, as the scalar gate), the
+/// bias read in its own type.
+#[inline(always)]
+fn add_bias(out: &mut [f32], src: &[f32], bias: Option<Data<'_>>, first: usize) {
+    let n = src.len();
+    match bias {
+        None => out.iter_mut().zip(src).for_each(|(d, &v)| *d = v + 0.0),
+        Some(Data::F32(b)) => {
+            for ((d, &v), &b) in out.iter_mut().zip(src).zip(&b[first..first + n]) {
+                *d = v + b;
+            }
+        }
+        Some(Data::Bf16(b)) => {
+            for ((d, &v), &b) in out.iter_mut().zip(src).zip(&b[first..first + n]) {
+                *d = v + crate::math::bf16_to_f32(b);
+            }
+        }
+        Some(b) => {
+            for (i, (d, &v)) in out.iter_mut().zip(src).enumerate() {
+                *d = v + b.at(first + i);
+            }
+        }
+    }
+}
+
+/// Outputs per post-op pass of a non-contiguous store.
+const POST_CHUNK: usize = 64;
 
 /// Stores outputs `first..first + vals.len()` of token `t`: as a slice where they land
 /// contiguously (one head of a head-major buffer, or a token-major row), else one by one.
@@ -186,18 +239,23 @@ fn store(
             p.out
                 .slice("projection output", p.layout.index(t, first), vals.len())?
         };
-        for (j, (d, &v)) in dst.iter_mut().zip(vals).enumerate() {
-            *d = post.apply(first + j, v);
-        }
+        post.apply_slice(first, vals, dst);
         return Ok(());
     }
-    for (j, &v) in vals.iter().enumerate() {
-        let o = first + j;
-        // SAFETY: as above, for one element.
-        unsafe {
-            p.out
-                .write("projection output", p.layout.index(t, o), post.apply(o, v))?
-        };
+    // Through a stack buffer, so that every element gets the same (vector) post-op as the
+    // contiguous case: the result must not depend on how outputs are grouped.
+    let mut buf = [0.0f32; POST_CHUNK];
+    for (c, chunk) in vals.chunks(POST_CHUNK).enumerate() {
+        let f = first + c * POST_CHUNK;
+        let out = &mut buf[..chunk.len()];
+        post.apply_slice(f, chunk, out);
+        for (j, &v) in out.iter().enumerate() {
+            // SAFETY: as above, for one element.
+            unsafe {
+                p.out
+                    .write("projection output", p.layout.index(t, f + j), v)?
+            };
+        }
     }
     Ok(())
 }

@@ -316,7 +316,7 @@ impl<'a> HeadBuffers<'a> {
                     .gate
                     .slice("gate row", (job.row + t) * d + job.head * hk, hk)?
             };
-            gated_rms_norm_row_into_gate(row, gate, layer.weights.o_norm, cfg.rms_eps);
+            gated_rms_norm_row_into_gate(layer.isa, row, gate, layer.weights.o_norm, cfg.rms_eps);
         }
         Ok(())
     }

@@ -273,7 +273,13 @@ mod tests {
                 let wb: std::vec::Vec<half::bf16> =
                     wt.iter().map(|&v| half::bf16::from_f32(v)).collect();
                 let (mut yb, mut stb) = (x.clone(), st0.clone());
-                assert!(crate::simd::short_conv(path, &mut yb, d, Data::Bf16(&wb), &mut stb));
+                assert!(crate::simd::short_conv(
+                    path,
+                    &mut yb,
+                    d,
+                    Data::Bf16(&wb),
+                    &mut stb
+                ));
                 let (mut yt, mut stt) = (x.clone(), st0.clone());
                 for row in yt.chunks_exact_mut(d) {
                     assert!(crate::simd::short_conv(

@@ -94,7 +94,8 @@ unsafe fn write_read<S: Simd>(s: S, row: &mut [f32], k: f32, delta: &[f32], q: f
 }
 
 /// Pass 1 over a state `[K, V]` (`V = p.len()`, `s` a whole number of rows): for each key
-/// row `d`, `s[d] *= decay[d]; p += k[d]·s[d]`. Column blocks of 4 vectors outer, rows inner,
+/// row `d`, `s[d] *= decay[d]; p += k[d]·s[d]`. Column blocks of 8 vectors (ISAs with 32
+/// registers) or 4 outer, rows inner,
 /// so the block of `p` stays in registers: every element sees the rows in order, as the row
 /// by row form.
 #[inline(always)]
@@ -108,6 +109,12 @@ pub(crate) unsafe fn decay_predict_rows<S: Simd>(
     let (l, v) = (S::LANES, p.len());
     let rows = (state.len() / v).min(k.len()).min(decay.len());
     let mut j = 0;
+    if S::REGISTERS >= 32 {
+        while j + 8 * l <= v {
+            decay_predict_cols::<S, 8>(s, state, (k, decay), rows, j, p);
+            j += 8 * l;
+        }
+    }
     while j + 4 * l <= v {
         decay_predict_cols::<S, 4>(s, state, (k, decay), rows, j, p);
         j += 4 * l;
@@ -118,7 +125,13 @@ pub(crate) unsafe fn decay_predict_rows<S: Simd>(
     }
     if j < v {
         for r in 0..rows {
-            decay_predict(s, &mut state[r * v + j..(r + 1) * v], decay[r], k[r], &mut p[j..]);
+            decay_predict(
+                s,
+                &mut state[r * v + j..(r + 1) * v],
+                decay[r],
+                k[r],
+                &mut p[j..],
+            );
         }
     }
 }
@@ -165,6 +178,12 @@ pub(crate) unsafe fn write_read_rows<S: Simd>(
     let (l, v) = (S::LANES, o.len());
     let rows = (state.len() / v).min(k.len()).min(q.len());
     let mut j = 0;
+    if S::REGISTERS >= 32 {
+        while j + 8 * l <= v {
+            write_read_cols::<S, 8>(s, state, (k, q, scale), rows, (j, delta), o);
+            j += 8 * l;
+        }
+    }
     while j + 4 * l <= v {
         write_read_cols::<S, 4>(s, state, (k, q, scale), rows, (j, delta), o);
         j += 4 * l;
@@ -192,7 +211,11 @@ unsafe fn write_read_cols<S: Simd, const G: usize>(
     o: &mut [f32],
 ) {
     let (l, v) = (S::LANES, o.len());
-    let (sp, op, dp) = (state.as_mut_ptr(), o.as_mut_ptr().add(j), delta.as_ptr().add(j));
+    let (sp, op, dp) = (
+        state.as_mut_ptr(),
+        o.as_mut_ptr().add(j),
+        delta.as_ptr().add(j),
+    );
     let dv: [S::F; G] = core::array::from_fn(|g| s.load(dp.add(g * l)));
     let mut acc: [S::F; G] = core::array::from_fn(|g| s.load(op.add(g * l)));
     for r in 0..rows {
@@ -223,6 +246,62 @@ pub(crate) unsafe fn exp_in_place<S: Simd>(s: S, x: &mut [f32]) {
         let r = n - i;
         s.store_partial(p.add(i), r, s.exp(s.load_partial(p.add(i), r)));
     }
+}
+
+/// `x[i] = f(x[i])`, `LANES` at a time, the tail through a partial vector.
+#[inline(always)]
+unsafe fn map_in_place<S: Simd>(s: S, x: &mut [f32], f: impl Fn(S::F) -> S::F) {
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    let mut i = 0;
+    while i + S::LANES <= n {
+        s.store(p.add(i), f(s.load(p.add(i))));
+        i += S::LANES;
+    }
+    if i < n {
+        let r = n - i;
+        s.store_partial(p.add(i), r, f(s.load_partial(p.add(i), r)));
+    }
+}
+
+/// `1 / (1 + e^{−x})` with the ISA's `exp`.
+#[inline(always)]
+fn sigmoid<S: Simd>(s: S, x: S::F) -> S::F {
+    let one = s.splat(1.0);
+    s.div(one, s.add(one, s.exp(s.mul(x, s.splat(-1.0)))))
+}
+
+/// `ln(1 + e^x)` as `max(x, 0) + ln(1 + e^{−|x|})`, the logarithm of `1 + y` (`0 ≤ y ≤ 1`)
+/// as `2·atanh(y / (2 + y))`, a series in `z² ≤ 1/9` cut after `z¹³` (relative error below
+/// 2·10⁻⁸ before rounding). Above 20 the result rounds to `x`, as torch's threshold returns;
+/// `±∞` give `∞` and `0`; NaN stays NaN.
+#[inline(always)]
+fn softplus<S: Simd>(s: S, x: S::F) -> S::F {
+    let m = s.zero_below(x, 0.0, x);
+    // −|x| from a finite copy (so that ∞ − ∞ cannot appear); e^{−|x|} is 0 there anyway.
+    let xc = s.clamp(x, -1e38, 1e38);
+    let y = s.exp(s.mul_add(s.splat(-2.0), s.zero_below(xc, 0.0, xc), xc));
+    let z = s.div(y, s.add(s.splat(2.0), y));
+    let z2 = s.mul(z, z);
+    let mut p = s.splat(1.0 / 13.0);
+    for c in [1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0, 1.0] {
+        p = s.mul_add(p, z2, s.splat(c));
+    }
+    s.add(m, s.mul(s.add(z, z), p))
+}
+
+/// `x[i] = c · sigmoid(x[i])`.
+#[inline(always)]
+pub(crate) unsafe fn sigmoid_scaled<S: Simd>(s: S, x: &mut [f32], c: f32) {
+    let cv = s.splat(c);
+    map_in_place(s, x, |v| s.mul(cv, sigmoid(s, v)))
+}
+
+/// `x[i] = c · softplus(x[i])`.
+#[inline(always)]
+pub(crate) unsafe fn softplus_scaled<S: Simd>(s: S, x: &mut [f32], c: f32) {
+    let cv = s.splat(c);
+    map_in_place(s, x, |v| s.mul(cv, softplus(s, v)))
 }
 
 /// The operands of `C += A·B` (row-major, leading dimensions in elements).
@@ -607,7 +686,22 @@ unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
     debug_assert!(!S::LANE_FMA || S::LANES == 4);
     let mut k = k0;
     if S::LANE_FMA {
-        // Four steps per load of each token's next four inputs, taken by lane.
+        // Eight, then four steps per load of each token's next inputs, taken by lane (eight
+        // halve the loop's own instructions; sixteen spill).
+        while k + 8 <= k1 {
+            // SAFETY: `k + 8 ≤ k1`, and LANE_FMA implies LANES == 4.
+            let xq: [S::F; MT] = core::array::from_fn(|t| unsafe { s.load(x[t].add(k)) });
+            let xr: [S::F; MT] = core::array::from_fn(|t| unsafe { s.load(x[t].add(k + 4)) });
+            panels_lane_step::<S, MT, P, 0>(s, &xq, &pp, k, &mut a);
+            panels_lane_step::<S, MT, P, 1>(s, &xq, &pp, k + 1, &mut a);
+            panels_lane_step::<S, MT, P, 2>(s, &xq, &pp, k + 2, &mut a);
+            panels_lane_step::<S, MT, P, 3>(s, &xq, &pp, k + 3, &mut a);
+            panels_lane_step::<S, MT, P, 0>(s, &xr, &pp, k + 4, &mut a);
+            panels_lane_step::<S, MT, P, 1>(s, &xr, &pp, k + 5, &mut a);
+            panels_lane_step::<S, MT, P, 2>(s, &xr, &pp, k + 6, &mut a);
+            panels_lane_step::<S, MT, P, 3>(s, &xr, &pp, k + 7, &mut a);
+            k += 8;
+        }
         while k + 4 <= k1 {
             // SAFETY: `k + 4 ≤ k1`, and LANE_FMA implies LANES == 4.
             let xq: [S::F; MT] = core::array::from_fn(|t| unsafe { s.load(x[t].add(k)) });
@@ -884,7 +978,11 @@ unsafe fn conv_token<S: Simd, W: Elem>(s: S, x: &mut [f32], weight: &[W], state:
             let (wt, st) = (s.load_tile(&wr, 0), s.load_tile(&sr, 0));
             let mut acc = s.splat(0.0);
             for i in 0..S::LANES {
-                let v = if i < S::LANES - 1 { s.tile_col(&st, i) } else { xv };
+                let v = if i < S::LANES - 1 {
+                    s.tile_col(&st, i)
+                } else {
+                    xv
+                };
                 acc = s.mul_add(s.tile_col(&wt, i), v, acc);
             }
             acc
@@ -987,6 +1085,16 @@ macro_rules! instantiate {
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn exp_in_place(x: &mut [f32]) {
             k::exp_in_place($token, x)
+        }
+
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn sigmoid_scaled(x: &mut [f32], c: f32) {
+            k::sigmoid_scaled($token, x, c)
+        }
+
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn softplus_scaled(x: &mut [f32], c: f32) {
+            k::softplus_scaled($token, x, c)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn gemm_acc(m: usize, n: usize, g: &k::Gemm) {

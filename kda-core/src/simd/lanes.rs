@@ -30,8 +30,9 @@ impl<const N: usize> Simd for Lanes<N> {
     const GEMM_ROWS: usize = if N >= 16 { 12 } else { 6 };
     const GEMM_VECS: usize = if N <= 4 { 4 } else { 2 };
     const DECODE_ROWS: usize = if N > 8 { N } else { 8 };
-    const REGISTERS: usize = 16;
-    // At NEON's width, the lane path of the kernels (tested here on any machine).
+    // At NEON's width, NEON's register count and lane path (so the kernels' NEON-specific
+    // blocking is tested on any machine).
+    const REGISTERS: usize = if N == 4 { 32 } else { 16 };
     const LANE_FMA: bool = N == 4;
 
     #[inline(always)]

@@ -505,6 +505,21 @@ pub fn exp_in_place(isa: impl Into<Path>, x: &mut [f32]) {
     dispatch!(isa, exp_in_place(x), portable::exp_in_place(x))
 }
 
+/// `x[i] = c · sigmoid(x[i])` (vector paths: with their `exp`; the portable path: `libm`, as
+/// `crate::math::sigmoid`).
+#[inline]
+pub fn sigmoid_scaled(isa: impl Into<Path>, x: &mut [f32], c: f32) {
+    dispatch!(isa, sigmoid_scaled(x, c), portable::sigmoid_scaled(x, c))
+}
+
+/// `x[i] = c · softplus(x[i])`, `softplus(x) = ln(1 + e^x)` (`x` itself above 20). Vector
+/// paths: `max(x, 0) + ln(1 + e^{−|x|})` with their `exp` and a series for the logarithm (a
+/// few ulp from `libm`); the portable path: `libm`, as `crate::math::softplus`.
+#[inline]
+pub fn softplus_scaled(isa: impl Into<Path>, x: &mut [f32], c: f32) {
+    dispatch!(isa, softplus_scaled(x, c), portable::softplus_scaled(x, c))
+}
+
 /// The sum of `data` read as `streams` interleaved far-apart regions (1 KiB pieces), with the
 /// path's widest loads and, when `prefetch`, software prefetch: the read-bandwidth probe of
 /// the benchmarks (its summation order is the path's; not for numerics).
@@ -679,6 +694,53 @@ mod tests {
         }
     }
 
+    /// The vector sigmoid and softplus against `libm` (the portable path) on every path:
+    /// within a few ulp, or 1e-37 absolute where the vector `exp` flushes; NaN, ±∞, ±0 and the
+    /// softplus threshold included; the portable path itself bit for bit.
+    #[test]
+    fn sigmoid_and_softplus_match_libm() {
+        let mut xs: Vec<f32> = (0..3000).map(|i| -120.0 + i as f32 * 0.0801).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            19.999,
+            20.0,
+            20.001,
+            1e-30,
+            -1e-30,
+            1e30,
+            -1e30,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        for path in core::iter::once(Path::Reference).chain(test_paths()) {
+            for c in [1.0f32, -0.75] {
+                let (mut sig, mut sp) = (xs.clone(), xs.clone());
+                sigmoid_scaled(path, &mut sig, c);
+                softplus_scaled(path, &mut sp, c);
+                for (i, &x) in xs.iter().enumerate() {
+                    let want_sig = c * crate::math::sigmoid(x);
+                    let want_sp = c * crate::math::softplus(x);
+                    for (got, want, what) in
+                        [(sig[i], want_sig, "sigmoid"), (sp[i], want_sp, "softplus")]
+                    {
+                        let ok = if want.is_nan() {
+                            got.is_nan()
+                        } else if path == Path::Reference {
+                            got.to_bits() == want.to_bits()
+                        } else {
+                            got == want || (got - want).abs() <= 6e-7 * want.abs() + 1e-37
+                        };
+                        assert!(ok, "{path:?} {what}({x}) · {c}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Each ISA's few operations against the plain lanes of the same width, on values that
     /// include NaN, infinities, ties and the exp limits.
     #[test]
@@ -821,14 +883,33 @@ mod tests {
         };
         let same = |x: S::F, y: S::F, what: &str| {
             for (x, y) in lanes(x).iter().zip(lanes(y).iter()).take(l) {
-                assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{what}: {x} vs {y}");
+                assert!(
+                    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                    "{what}: {x} vs {y}"
+                );
             }
         };
         let (al, c) = (lanes(a), s.splat(0.375));
-        same(s.mul_add_lane::<0>(a, b, c), s.mul_add(s.splat(al[0]), b, c), "lane 0");
-        same(s.mul_add_lane::<1>(a, b, c), s.mul_add(s.splat(al[1]), b, c), "lane 1");
-        same(s.mul_add_lane::<2>(a, b, c), s.mul_add(s.splat(al[2]), b, c), "lane 2");
-        same(s.mul_add_lane::<3>(a, b, c), s.mul_add(s.splat(al[3]), b, c), "lane 3");
+        same(
+            s.mul_add_lane::<0>(a, b, c),
+            s.mul_add(s.splat(al[0]), b, c),
+            "lane 0",
+        );
+        same(
+            s.mul_add_lane::<1>(a, b, c),
+            s.mul_add(s.splat(al[1]), b, c),
+            "lane 1",
+        );
+        same(
+            s.mul_add_lane::<2>(a, b, c),
+            s.mul_add(s.splat(al[2]), b, c),
+            "lane 2",
+        );
+        same(
+            s.mul_add_lane::<3>(a, b, c),
+            s.mul_add(s.splat(al[3]), b, c),
+            "lane 3",
+        );
         if wide.len() >= 2 * l {
             let (lo, hi) = s.load_bf16_pair(wide.as_ptr());
             same(lo, s.load_bf16(wide.as_ptr()), "bf16 pair, first");

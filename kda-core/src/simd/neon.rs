@@ -115,7 +115,10 @@ impl Simd for Neon {
     unsafe fn load_bf16_pair(self, p: *const bf16) -> (float32x4_t, float32x4_t) {
         let u = vld1q_u16(p as *const u16);
         let lo = vshll_n_u16::<16>(vget_low_u16(u));
-        (vreinterpretq_f32_u32(lo), vreinterpretq_f32_u32(vshll_high_n_u16::<16>(u)))
+        (
+            vreinterpretq_f32_u32(lo),
+            vreinterpretq_f32_u32(vshll_high_n_u16::<16>(u)),
+        )
     }
     #[inline(always)]
     unsafe fn broadcast(self, p: *const f32) -> float32x4_t {

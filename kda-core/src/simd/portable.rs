@@ -57,6 +57,18 @@ pub(super) fn exp_in_place(x: &mut [f32]) {
     }
 }
 
+pub(super) fn sigmoid_scaled(x: &mut [f32], c: f32) {
+    for v in x {
+        *v = c * crate::math::sigmoid(*v);
+    }
+}
+
+pub(super) fn softplus_scaled(x: &mut [f32], c: f32) {
+    for v in x {
+        *v = c * crate::math::softplus(*v);
+    }
+}
+
 // BLAS-style: the shape (m, n, k) and three matrices with their leading dimensions.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_acc(
