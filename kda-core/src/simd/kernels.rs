@@ -148,7 +148,10 @@ unsafe fn decay_predict_cols<S: Simd, const G: usize>(
 ) {
     let (l, v) = (S::LANES, p.len());
     let (sp, pp) = (state.as_mut_ptr(), p.as_mut_ptr().add(j));
-    let mut acc: [S::F; G] = core::array::from_fn(|g| s.load(pp.add(g * l)));
+    let mut acc = [s.splat(0.0); G];
+    for (g, a) in acc.iter_mut().enumerate() {
+        *a = s.load(pp.add(g * l));
+    }
     for r in 0..rows {
         let (dv, kv) = (s.splat(decay[r]), s.splat(k[r]));
         let row = sp.add(r * v + j);
@@ -216,8 +219,11 @@ unsafe fn write_read_cols<S: Simd, const G: usize>(
         o.as_mut_ptr().add(j),
         delta.as_ptr().add(j),
     );
-    let dv: [S::F; G] = core::array::from_fn(|g| s.load(dp.add(g * l)));
-    let mut acc: [S::F; G] = core::array::from_fn(|g| s.load(op.add(g * l)));
+    let (mut dv, mut acc) = ([s.splat(0.0); G], [s.splat(0.0); G]);
+    for g in 0..G {
+        dv[g] = s.load(dp.add(g * l));
+        acc[g] = s.load(op.add(g * l));
+    }
     for r in 0..rows {
         let (kv, qv) = (s.splat(k[r]), s.splat(q[r] * scale));
         let row = sp.add(r * v + j);
@@ -248,19 +254,46 @@ pub(crate) unsafe fn exp_in_place<S: Simd>(s: S, x: &mut [f32]) {
     }
 }
 
+/// A function applied lane by lane ([`map_in_place`]). A trait rather than a closure: a
+/// closure is not compiled with the entry point's target features, so the intrinsics inside
+/// it would not inline.
+trait LaneMap<S: Simd> {
+    fn apply(&self, s: S, v: S::F) -> S::F;
+}
+
 /// `x[i] = f(x[i])`, `LANES` at a time, the tail through a partial vector.
 #[inline(always)]
-unsafe fn map_in_place<S: Simd>(s: S, x: &mut [f32], f: impl Fn(S::F) -> S::F) {
+unsafe fn map_in_place<S: Simd>(s: S, x: &mut [f32], f: &impl LaneMap<S>) {
     let n = x.len();
     let p = x.as_mut_ptr();
     let mut i = 0;
     while i + S::LANES <= n {
-        s.store(p.add(i), f(s.load(p.add(i))));
+        s.store(p.add(i), f.apply(s, s.load(p.add(i))));
         i += S::LANES;
     }
     if i < n {
         let r = n - i;
-        s.store_partial(p.add(i), r, f(s.load_partial(p.add(i), r)));
+        s.store_partial(p.add(i), r, f.apply(s, s.load_partial(p.add(i), r)));
+    }
+}
+
+/// `c · sigmoid(x)`.
+struct ScaledSigmoid(f32);
+
+impl<S: Simd> LaneMap<S> for ScaledSigmoid {
+    #[inline(always)]
+    fn apply(&self, s: S, v: S::F) -> S::F {
+        s.mul(s.splat(self.0), sigmoid(s, v))
+    }
+}
+
+/// `c · softplus(x)`.
+struct ScaledSoftplus(f32);
+
+impl<S: Simd> LaneMap<S> for ScaledSoftplus {
+    #[inline(always)]
+    fn apply(&self, s: S, v: S::F) -> S::F {
+        s.mul(s.splat(self.0), softplus(s, v))
     }
 }
 
@@ -293,15 +326,13 @@ fn softplus<S: Simd>(s: S, x: S::F) -> S::F {
 /// `x[i] = c · sigmoid(x[i])`.
 #[inline(always)]
 pub(crate) unsafe fn sigmoid_scaled<S: Simd>(s: S, x: &mut [f32], c: f32) {
-    let cv = s.splat(c);
-    map_in_place(s, x, |v| s.mul(cv, sigmoid(s, v)))
+    map_in_place(s, x, &ScaledSigmoid(c))
 }
 
 /// `x[i] = c · softplus(x[i])`.
 #[inline(always)]
 pub(crate) unsafe fn softplus_scaled<S: Simd>(s: S, x: &mut [f32], c: f32) {
-    let cv = s.splat(c);
-    map_in_place(s, x, |v| s.mul(cv, softplus(s, v)))
+    map_in_place(s, x, &ScaledSoftplus(c))
 }
 
 /// The operands of `C += A·B` (row-major, leading dimensions in elements).
@@ -689,9 +720,12 @@ unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
         // Eight, then four steps per load of each token's next inputs, taken by lane (eight
         // halve the loop's own instructions; sixteen spill).
         while k + 8 <= k1 {
-            // SAFETY: `k + 8 ≤ k1`, and LANE_FMA implies LANES == 4.
-            let xq: [S::F; MT] = core::array::from_fn(|t| unsafe { s.load(x[t].add(k)) });
-            let xr: [S::F; MT] = core::array::from_fn(|t| unsafe { s.load(x[t].add(k + 4)) });
+            // `k + 8 ≤ k1`, and LANE_FMA implies LANES == 4.
+            let (mut xq, mut xr) = ([s.splat(0.0); MT], [s.splat(0.0); MT]);
+            for t in 0..MT {
+                xq[t] = s.load(x[t].add(k));
+                xr[t] = s.load(x[t].add(k + 4));
+            }
             panels_lane_step::<S, MT, P, 0>(s, &xq, &pp, k, &mut a);
             panels_lane_step::<S, MT, P, 1>(s, &xq, &pp, k + 1, &mut a);
             panels_lane_step::<S, MT, P, 2>(s, &xq, &pp, k + 2, &mut a);
@@ -703,8 +737,11 @@ unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
             k += 8;
         }
         while k + 4 <= k1 {
-            // SAFETY: `k + 4 ≤ k1`, and LANE_FMA implies LANES == 4.
-            let xq: [S::F; MT] = core::array::from_fn(|t| unsafe { s.load(x[t].add(k)) });
+            // `k + 4 ≤ k1`, and LANE_FMA implies LANES == 4.
+            let mut xq = [s.splat(0.0); MT];
+            for (xq, x) in xq.iter_mut().zip(x) {
+                *xq = s.load(x.add(k));
+            }
             panels_lane_step::<S, MT, P, 0>(s, &xq, &pp, k, &mut a);
             panels_lane_step::<S, MT, P, 1>(s, &xq, &pp, k + 1, &mut a);
             panels_lane_step::<S, MT, P, 2>(s, &xq, &pp, k + 2, &mut a);
