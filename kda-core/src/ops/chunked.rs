@@ -176,15 +176,16 @@ struct Scratch<'a> {
     cum_hi: &'a mut [f32],
     /// `[C, K]` low part of `b` (the rounding error of `cum_hi`, TwoSum-compensated).
     cum_lo: &'a mut [f32],
-    /// `[C, K]` `e^{b − b_0}` (≤ 1), in a chunk whose decay spread is ≤ [`MAX_SPREAD`].
-    fwd: &'a mut [f32],
-    /// `[C, K]` `e^{b_0 − b}` (≥ 1), likewise.
-    back: &'a mut [f32],
+    /// `[C, K]` `q ⊙ e^{b − b_0}` (a tame chunk's, see [`tame_factors`]).
+    qf: &'a mut [f32],
+    /// `[C, K]` `k ⊙ e^{b − b_0}` (likewise).
+    kf: &'a mut [f32],
     /// `[2C, K]` rows `0..l`: `scale · q ⊙ e^{b}`, rows `l..2l`: `k ⊙ e^{b}` (queries and keys
     /// decayed to the chunk start, stacked so that one product with the state serves both).
     decayed: &'a mut [f32],
     /// `[C, K]` `k ⊙ e^{b_{l−1} − b}`: keys decayed to the chunk end; also the scratch rows of
-    /// `k̂` (keys relative to a diagonal block's first row) while `A` is built.
+    /// `k̂` (keys relative to a diagonal block's first row) while `A` is built. In a tame
+    /// chunk, `k ⊙ e^{b_0 − b}`.
     k_to_end: &'a mut [f32],
     /// `[K, C]` `k_to_end` transposed (the state update's left factor).
     k_to_end_t: &'a mut [f32],
@@ -192,7 +193,7 @@ struct Scratch<'a> {
     q_block: &'a mut [f32],
     /// `[16, K]` one diagonal block's `k ⊙ e^{b − b_{a0}}`.
     k_block: &'a mut [f32],
-    /// `[K, C]` `k̂` transposed.
+    /// `[K, C]` `k̂` transposed (in a tame chunk, `k ⊙ e^{b_0 − b}` transposed).
     k_hat_t: &'a mut [f32],
     /// `[C, C]` `A_qk` (scaled, lower triangular with diagonal).
     a_qk: &'a mut [f32],
@@ -203,8 +204,10 @@ struct Scratch<'a> {
     out_delta: &'a mut [f32],
     /// `[K]` `e^{b_{l−1}}`: the whole chunk's decay per key row.
     chunk_decay: &'a mut [f32],
-    /// `[K]` `e^{b_0}`: the first row's decay (with `fwd`, `back`).
+    /// `[K]` `e^{b_0}`: the first row's decay (a tame chunk's).
     first_decay: &'a mut [f32],
+    /// `[2K]` one row's `e^{b − b_0}` and `e^{b_0 − b}` (a tame chunk's).
+    exps: &'a mut [f32],
 }
 
 /// f32 elements of scratch [`chunked_head`] needs for chunk size `chunk`, key dim `k`, value
@@ -215,21 +218,22 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
     }
     let c = chunk;
     // Nine [C, K] (cum_hi … k_hat_t, decayed counting two), two [16, K] (q_block, k_block),
-    // two [C, C] (a_qk, neg_a_kk), two [C, V] (out_delta), two [K] (chunk_decay, first_decay).
+    // two [C, C] (a_qk, neg_a_kk), two [C, V] (out_delta), four [K] (chunk_decay,
+    // first_decay, exps).
     // Saturating: an impossible size makes the caller's workspace check fail, not overflow.
     (9 * c)
         .saturating_mul(k)
         .saturating_add((2 * SUB).saturating_mul(k))
         .saturating_add(2 * c * c)
         .saturating_add((2 * c).saturating_mul(v))
-        .saturating_add(k.saturating_mul(2))
+        .saturating_add(k.saturating_mul(4))
 }
 
 fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     let (cum_hi, rest) = buf.split_at_mut(c * k);
     let (cum_lo, rest) = rest.split_at_mut(c * k);
-    let (fwd, rest) = rest.split_at_mut(c * k);
-    let (back, rest) = rest.split_at_mut(c * k);
+    let (qf, rest) = rest.split_at_mut(c * k);
+    let (kf, rest) = rest.split_at_mut(c * k);
     let (decayed, rest) = rest.split_at_mut(2 * c * k);
     let (k_to_end, rest) = rest.split_at_mut(c * k);
     let (k_to_end_t, rest) = rest.split_at_mut(c * k);
@@ -240,12 +244,13 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     let (neg_a_kk, rest) = rest.split_at_mut(c * c);
     let (out_delta, rest) = rest.split_at_mut(2 * c * v);
     let (chunk_decay, rest) = rest.split_at_mut(k);
-    let first_decay = &mut rest[..k];
+    let (first_decay, rest) = rest.split_at_mut(k);
+    let exps = &mut rest[..2 * k];
     Scratch {
         cum_hi,
         cum_lo,
-        fwd,
-        back,
+        qf,
+        kf,
         decayed,
         k_to_end,
         k_to_end_t,
@@ -257,6 +262,7 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
         out_delta,
         chunk_decay,
         first_decay,
+        exps,
     }
 }
 
@@ -443,12 +449,6 @@ fn max_diff(bh: &[f32], bl: &[f32], i: usize, j: usize, kd: usize) -> f32 {
     })
 }
 
-/// Row `i` of `[_, kd]` rows.
-#[inline(always)]
-fn row_of(x: &[f32], i: usize, kd: usize) -> &[f32] {
-    &x[i * kd..(i + 1) * kd]
-}
-
 /// `out[d] = a[d] · b[d]`.
 #[inline(always)]
 fn mul_rows(out: &mut [f32], a: &[f32], b: &[f32]) {
@@ -571,15 +571,15 @@ fn one_chunk_body(
 ) -> Result<(), KdaError> {
     cumulative_decay(inp, sc);
     let (kd, l) = (inp.kd, inp.l);
-    // The whole chunk's decay spread: when every `e^{±(b_i − b_j)}` is a normal f32, each row
-    // factor is a product of `e^{b − b_0}`, `e^{b_0 − b}` and `e^{b_0}` (2·l + 1 exponent
-    // rows instead of up to 4·l + 1).
-    let tame = max_diff(&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd], 0, l - 1, kd) <= MAX_SPREAD;
-    if tame {
-        tame_exponents(isa, inp, sc);
+    // A tame chunk: its whole decay spread is small enough that every `e^{±(b_i − b_j)}` is a
+    // normal f32.
+    if max_diff(&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd], 0, l - 1, kd) <= MAX_SPREAD {
+        tame_factors(isa, inp, sc)?;
+        tame_matrices(isa, inp, sc)?;
+    } else {
+        row_factors(isa, inp, sc)?;
+        intra_chunk_matrices(isa, inp, sc)?;
     }
-    row_factors(isa, inp, sc, tame)?;
-    intra_chunk_matrices(isa, inp, sc, tame)?;
     state_products(isa, inp, state, sc)?;
     innovations(isa, inp, sc)?;
     chunk_outputs(isa, inp, sc)?;
@@ -613,56 +613,96 @@ fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
     }
 }
 
-/// The exponent rows of a chunk whose spread is ≤ [`MAX_SPREAD`]: `fwd = e^{b − b_0}`,
-/// `back = e^{b_0 − b}`, `first_decay = e^{b_0}`.
+/// Steps 2–3 of a tame chunk (decay spread ≤ [`MAX_SPREAD`]): every factor `e^{b_i − b_j}` is
+/// the product `e^{b_i − b_0} · e^{b_0 − b_j}` of two normal f32s, so two exponent rows per
+/// row and `e^{b_0}` give them all. Per row: `qf = q ⊙ e^{b − b_0}`, `kf = k ⊙ e^{b − b_0}`,
+/// `kb = k ⊙ e^{b_0 − b}` (in `k_to_end`); the decayed queries and keys are
+/// `e^{b_0} ⊙ qf` (scaled) and `e^{b_0} ⊙ kf`; the keys to the chunk end `e^{b_{l−1} − b_0} ⊙ kb`
+/// (kept transposed); and [`tame_matrices`] builds `A` as `qf·kbᵀ`, `kf·kbᵀ`.
 #[inline(always)]
-fn tame_exponents(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
-    let (kd, l) = (inp.kd, inp.l);
+fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+    let (kd, l, scale) = (inp.kd, inp.l, inp.scale);
     let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
-    let (fwd, back) = (&mut sc.fwd[..l * kd], &mut sc.back[..l * kd]);
+    // Row 0 of the sums is g_0 itself (its low part is 0).
+    let e0 = &mut *sc.first_decay;
+    e0.copy_from_slice(&bh[..kd]);
+    simd::exp_in_place(isa, e0);
+    let (fwd, back) = sc.exps.split_at_mut(kd);
+    let (qd, kd_) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
-        diff_row(&mut fwd[row.clone()], bh, bl, r, 0, kd);
-        for (o, &x) in back[row.clone()].iter_mut().zip(&fwd[row.clone()]) {
+        diff_row(fwd, bh, bl, r, 0, kd);
+        for (o, &x) in back.iter_mut().zip(fwd.iter()) {
             *o = -x;
         }
-        simd::exp_in_place(isa, &mut fwd[row.clone()]);
-        simd::exp_in_place(isa, &mut back[row]);
+        simd::exp_in_place(isa, fwd);
+        simd::exp_in_place(isa, back);
+        let outs = sc.qf[row.clone()]
+            .iter_mut()
+            .zip(&mut sc.kf[row.clone()])
+            .zip(&mut sc.k_to_end[row.clone()])
+            .zip(&mut qd[row.clone()])
+            .zip(&mut kd_[row]);
+        let ins = fwd.iter().zip(back.iter()).zip(e0.iter());
+        let qk = inp.q.row(r).iter().zip(inp.k.row(r));
+        for ((((((qf, kf), kb), qdec), kdec), ((&f, &bk), &e)), (&qv, &kv)) in outs.zip(ins).zip(qk)
+        {
+            *qf = qv * f;
+            *kf = kv * f;
+            *kb = kv * bk;
+            *qdec = scale * e * *qf;
+            *kdec = e * *kf;
+        }
     }
-    // Row 0 of the sums is g_0 itself (its low part is 0).
-    sc.first_decay.copy_from_slice(&bh[..kd]);
-    simd::exp_in_place(isa, sc.first_decay);
+    // After the loop `fwd` holds e^{b_{l−1} − b_0}.
+    let kbt = &mut sc.k_hat_t[..kd * l];
+    simd::transpose(isa, l, kd, &sc.k_to_end[..l * kd], kd, kbt, l)?;
+    for ((dst, src), &f) in sc.k_to_end_t[..kd * l]
+        .chunks_exact_mut(l)
+        .zip(kbt.chunks_exact(l))
+        .zip(fwd.iter())
+    {
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = f * x;
+        }
+    }
+    mul_rows(sc.chunk_decay, e0, fwd);
+    Ok(())
 }
 
-/// Step 2: row factors against the chunk start (`e^{b_r} ≤ 1`): the decayed queries and keys;
-/// against the chunk end, `k_to_end` (≤ 1) and its transpose; and the whole chunk's decay.
+/// Step 3 of a tame chunk: `A_qk = scale·qf·kbᵀ` and `A_kk = kf·kbᵀ` over the whole chunk at
+/// once (no diagonal blocks), then scaled and cut like [`intra_chunk_matrices`].
 #[inline(always)]
-fn row_factors(
-    isa: Isa,
-    inp: &ChunkIn<'_>,
-    sc: &mut Scratch<'_>,
-    tame: bool,
-) -> Result<(), KdaError> {
+fn tame_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+    let (kd, l) = (inp.kd, inp.l);
+    let (aqk, nakk) = (&mut sc.a_qk[..l * l], &mut sc.neg_a_kk[..l * l]);
+    aqk.fill(0.0);
+    nakk.fill(0.0);
+    let kbt = &sc.k_hat_t[..kd * l];
+    simd::gemm_acc(isa, l, l, kd, &sc.qf[..l * kd], kd, kbt, l, aqk, l)?;
+    simd::gemm_acc(isa, l, l, kd, &sc.kf[..l * kd], kd, kbt, l, nakk, l)?;
+    scale_and_mask(inp, sc, 0, l);
+    Ok(())
+}
+
+/// Step 2 of a chunk that is not tame: row factors against the chunk start (`e^{b_r} ≤ 1`):
+/// the decayed queries and keys; against the chunk end, `k_to_end` (≤ 1) and its transpose;
+/// and the whole chunk's decay. Each factor is its own exponent (≤ 0).
+#[inline(always)]
+fn row_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
     let (kd, l) = (inp.kd, inp.l);
     let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
     let (qg, kgam) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
     let kg = &mut sc.k_to_end[..l * kd];
-    let last = (l - 1) * kd..l * kd;
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
         let (qgr, kgr) = (&mut qg[row.clone()], &mut kg[row.clone()]);
-        if tame {
-            // e^{b_r} = e^{b_0}·e^{b_r − b_0}; e^{b_{l−1} − b_r} = e^{b_{l−1} − b_0}·e^{b_0 − b_r}.
-            mul_rows(qgr, sc.first_decay, &sc.fwd[row.clone()]);
-            mul_rows(kgr, &sc.fwd[last.clone()], &sc.back[row.clone()]);
-        } else {
-            for ((o, a), b) in qgr.iter_mut().zip(&bh[row.clone()]).zip(&bl[row.clone()]) {
-                *o = a + b;
-            }
-            diff_row(kgr, bh, bl, l - 1, r, kd);
-            simd::exp_in_place(isa, qgr);
-            simd::exp_in_place(isa, kgr);
+        for ((o, a), b) in qgr.iter_mut().zip(&bh[row.clone()]).zip(&bl[row.clone()]) {
+            *o = a + b;
         }
+        diff_row(kgr, bh, bl, l - 1, r, kd);
+        simd::exp_in_place(isa, qgr);
+        simd::exp_in_place(isa, kgr);
         let (qr, kr) = (inp.q.row(r), inp.k.row(r));
         for ((((qg, kgam), kg), &qv), &kv) in qgr
             .iter_mut()
@@ -678,31 +718,24 @@ fn row_factors(
         }
     }
     simd::transpose(isa, l, kd, kg, kd, &mut sc.k_to_end_t[..kd * l], l)?;
+    let last = (l - 1) * kd..l * kd;
     let ex = &mut *sc.chunk_decay;
-    if tame {
-        mul_rows(ex, sc.first_decay, &sc.fwd[last]);
-    } else {
-        for ((o, a), b) in ex.iter_mut().zip(&bh[last.clone()]).zip(&bl[last]) {
-            *o = a + b;
-        }
-        simd::exp_in_place(isa, ex);
+    for ((o, a), b) in ex.iter_mut().zip(&bh[last.clone()]).zip(&bl[last]) {
+        *o = a + b;
     }
+    simd::exp_in_place(isa, ex);
     Ok(())
 }
 
-/// Step 3: `A_qk` (scaled, `j ≤ i`) and `−A_kk` (β-scaled rows, `j < i`), by 16-row blocks.
+/// Step 3 of a chunk that is not tame: `A_qk` (scaled, `j ≤ i`) and `−A_kk` (β-scaled rows,
+/// `j < i`), by 16-row blocks.
 #[inline(always)]
-fn intra_chunk_matrices(
-    isa: Isa,
-    inp: &ChunkIn<'_>,
-    sc: &mut Scratch<'_>,
-    tame: bool,
-) -> Result<(), KdaError> {
+fn intra_chunk_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
     let l = inp.l;
     sc.a_qk[..l * l].fill(0.0);
     sc.neg_a_kk[..l * l].fill(0.0);
     for (a0, a1) in sub_blocks(l) {
-        block_products(isa, inp, sc, (a0, a1), tame)?;
+        block_products(isa, inp, sc, (a0, a1))?;
         scale_and_mask(inp, sc, a0, a1);
     }
     Ok(())
@@ -710,36 +743,26 @@ fn intra_chunk_matrices(
 
 /// Rows `a0..a1` of `A_qk` and `A_kk` (unscaled): a GEMM against every earlier row, and the
 /// diagonal block factorised around row `a0` when its decay spread allows, else per-pair
-/// exponents (each ≤ 0). In a tame chunk every factor `e^{b_i − b_j}` is `fwd_i · back_j`.
+/// exponents (each ≤ 0).
 #[inline(always)]
 fn block_products(
     isa: Isa,
     inp: &ChunkIn<'_>,
     sc: &mut Scratch<'_>,
     (a0, a1): (usize, usize),
-    tame: bool,
 ) -> Result<(), KdaError> {
     let (q, k, kd, l) = (inp.q, inp.k, inp.kd, inp.l);
     let rows = a1 - a0;
     let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
-    let factorised = tame || max_diff(bh, bl, a0, a1 - 1, kd) <= MAX_SPREAD;
+    let factorised = max_diff(bh, bl, a0, a1 - 1, kd) <= MAX_SPREAD;
     // Columns covered by the product: all earlier rows, plus this block when factorised.
     let cols = if factorised { a1 } else { a0 };
-    let (fwd, back) = (&sc.fwd[..l * kd], &sc.back[..l * kd]);
     let (qt, kt) = (&mut sc.q_block[..rows * kd], &mut sc.k_block[..rows * kd]);
     for i in a0..a1 {
-        let rr = (i - a0) * kd..(i - a0 + 1) * kd;
         // e^{b_i − b_{a0}}
-        if tame {
-            mul_rows(
-                &mut qt[rr.clone()],
-                row_of(fwd, i, kd),
-                row_of(back, a0, kd),
-            );
-        } else {
-            diff_row(&mut qt[rr.clone()], bh, bl, i, a0, kd);
-            simd::exp_in_place(isa, &mut qt[rr.clone()]);
-        }
+        let rr = (i - a0) * kd..(i - a0 + 1) * kd;
+        diff_row(&mut qt[rr.clone()], bh, bl, i, a0, kd);
+        simd::exp_in_place(isa, &mut qt[rr.clone()]);
         let (qi, ki) = (q.row(i), k.row(i));
         for (((qt, kt), &qv), &kv) in qt[rr.clone()].iter_mut().zip(&mut kt[rr]).zip(qi).zip(ki) {
             let f = *qt;
@@ -753,12 +776,8 @@ fn block_products(
         let kh = &mut sc.k_to_end[..cols * kd];
         for j in 0..cols {
             let khr = &mut kh[j * kd..(j + 1) * kd];
-            if tame {
-                mul_rows(khr, row_of(fwd, a0, kd), row_of(back, j, kd));
-            } else {
-                diff_row(khr, bh, bl, a0, j, kd);
-                simd::exp_in_place(isa, khr);
-            }
+            diff_row(khr, bh, bl, a0, j, kd);
+            simd::exp_in_place(isa, khr);
             for (o, &kv) in khr.iter_mut().zip(k.row(j)) {
                 *o *= kv;
             }
