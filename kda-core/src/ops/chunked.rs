@@ -570,11 +570,7 @@ fn one_chunk_body(
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
     cumulative_decay(inp, sc);
-    let (kd, l) = (inp.kd, inp.l);
-    // A tame chunk: its whole decay spread is small enough that every `e^{±(b_i − b_j)}` is a
-    // normal f32.
-    if max_diff(&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd], 0, l - 1, kd) <= MAX_SPREAD {
-        tame_factors(isa, inp, sc)?;
+    if tame_factors(isa, inp, sc)? {
         tame_matrices(isa, inp, sc)?;
     } else {
         row_factors(isa, inp, sc)?;
@@ -613,14 +609,15 @@ fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
     }
 }
 
-/// Steps 2–3 of a tame chunk (decay spread ≤ [`MAX_SPREAD`]): every factor `e^{b_i − b_j}` is
-/// the product `e^{b_i − b_0} · e^{b_0 − b_j}` of two normal f32s, so two exponent rows per
-/// row and `e^{b_0}` give them all. Per row: `qf = q ⊙ e^{b − b_0}`, `kf = k ⊙ e^{b − b_0}`,
+/// Step 2 of a tame chunk, one whose every `|b_r − b_0|` is ≤ [`MAX_SPREAD`] (its decay spread,
+/// with gates ≤ 0); returns whether the chunk is tame (if not, nothing it wrote is used). In a
+/// tame chunk every factor `e^{b_i − b_j}` is the product `e^{b_i − b_0} · e^{b_0 − b_j}` of two
+/// normal f32s, so one exponent row and its reciprocal per row, and `e^{b_0}`, give them all. Per row: `qf = q ⊙ e^{b − b_0}`, `kf = k ⊙ e^{b − b_0}`,
 /// `kb = k ⊙ e^{b_0 − b}` (in `k_to_end`); the decayed queries and keys are
 /// `e^{b_0} ⊙ qf` (scaled) and `e^{b_0} ⊙ kf`; the keys to the chunk end `e^{b_{l−1} − b_0} ⊙ kb`
 /// (kept transposed); and [`tame_matrices`] builds `A` as `qf·kbᵀ`, `kf·kbᵀ`.
 #[inline(always)]
-fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<bool, KdaError> {
     let (kd, l, scale) = (inp.kd, inp.l, inp.scale);
     let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
     // Row 0 of the sums is g_0 itself (its low part is 0).
@@ -632,11 +629,14 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(),
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
         diff_row(fwd, bh, bl, r, 0, kd);
-        for (o, &x) in back.iter_mut().zip(fwd.iter()) {
-            *o = -x;
+        // A NaN fails too.
+        if !fwd.iter().fold(true, |ok, &t| ok & (t.abs() <= MAX_SPREAD)) {
+            return Ok(false);
         }
         simd::exp_in_place(isa, fwd);
-        simd::exp_in_place(isa, back);
+        for (o, &x) in back.iter_mut().zip(fwd.iter()) {
+            *o = 1.0 / x;
+        }
         let outs = sc.qf[row.clone()]
             .iter_mut()
             .zip(&mut sc.kf[row.clone()])
@@ -667,7 +667,7 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(),
         }
     }
     mul_rows(sc.chunk_decay, e0, fwd);
-    Ok(())
+    Ok(true)
 }
 
 /// Step 3 of a tame chunk: `A_qk = scale·qf·kbᵀ` and `A_kk = kf·kbᵀ` over the whole chunk at
@@ -905,13 +905,39 @@ fn innovations(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), 
         }
         for i in a0 + 1..a1 {
             let (done, cur) = r.split_at_mut(i * vd);
-            let cur = &mut cur[..vd];
-            for j in a0..i {
-                simd::axpy(isa, nakk[i * l + j], &done[j * vd..(j + 1) * vd], cur);
-            }
+            let coef = &nakk[i * l + a0..i * l + i];
+            accumulate_rows(&mut cur[..vd], coef, &done[a0 * vd..], vd);
         }
     }
     Ok(())
+}
+
+/// Columns `accumulate_rows` keeps in registers at a time.
+const ACC_COLS: usize = 64;
+
+/// `cur += Σ_j coef[j] · rows[j]` over rows of `vd` (`rows` holds at least `coef.len()`), by
+/// blocks of [`ACC_COLS`] columns held in registers over all `j`: one load and one
+/// multiply-add per term instead of a load, multiply-add and store of `cur` per row.
+#[inline(always)]
+fn accumulate_rows(cur: &mut [f32], coef: &[f32], rows: &[f32], vd: usize) {
+    let mut c0 = 0;
+    while let Some(acc) = cur[c0..].first_chunk_mut::<ACC_COLS>() {
+        let mut sum = *acc;
+        for (&a, row) in coef.iter().zip(rows.chunks_exact(vd)) {
+            if let Some(x) = row[c0..].first_chunk::<ACC_COLS>() {
+                for (s, &x) in sum.iter_mut().zip(x) {
+                    *s += a * x;
+                }
+            }
+        }
+        *acc = sum;
+        c0 += ACC_COLS;
+    }
+    for (&a, row) in coef.iter().zip(rows.chunks_exact(vd)) {
+        for (s, &x) in cur[c0..].iter_mut().zip(&row[c0..]) {
+            *s += a * x;
+        }
+    }
 }
 
 /// Step 6: `O = q_decayed·S₀ + A_qk·Δ`. `A_qk` is lower triangular, so each 16-row block uses
@@ -969,24 +995,20 @@ fn update_state(
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
     let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
-    for (row, &f) in state.chunks_exact_mut(vd).zip(sc.chunk_decay.iter()) {
-        for s in row {
-            *s *= f;
-        }
-    }
     let delta = &sc.out_delta[l * vd..2 * l * vd];
-    simd::gemm_acc(
-        isa,
-        kd,
-        vd,
-        l,
-        &sc.k_to_end_t[..kd * l],
-        l,
-        delta,
-        vd,
-        state,
-        vd,
-    )
+    // 16 key rows at a time, so that the product finds them in L1 just scaled.
+    for d0 in (0..kd).step_by(SUB) {
+        let d1 = (d0 + SUB).min(kd);
+        let rows = &mut state[d0 * vd..d1 * vd];
+        for (row, &f) in rows.chunks_exact_mut(vd).zip(&sc.chunk_decay[d0..d1]) {
+            for s in row {
+                *s *= f;
+            }
+        }
+        let kt = &sc.k_to_end_t[d0 * l..d1 * l];
+        simd::gemm_acc(isa, d1 - d0, vd, l, kt, l, delta, vd, rows, vd)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
