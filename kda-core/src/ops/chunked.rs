@@ -12,13 +12,21 @@
 //! substitution directly on the right-hand side (no explicit inverse and no `W`/`U` matrices:
 //! one `[L×K]·[K×V]` product instead of two).
 //!
-//! **Exponents.** Every exponent is a difference of cumulative sums that is ≤ 0, except on the
-//! 16-row diagonal blocks of `A`, which use the block's first row as reference (factors up to
-//! `e^{spread}`); that is done only when the block's decay spread is ≤ 80 (so every factor is a
-//! normal f32), and the block falls back to per-pair exponents otherwise. So any gate ≤ 0 works —
-//! hard resets (−1000) and the unbounded softplus gate included — where fla's fast path
-//! returns inf/NaN. Cumulative sums are kept as an f32 pair (value + rounding error), so a
-//! difference of two sums near −1000 is still exact to f32 precision.
+//! **Exponents.** In a *tame* chunk, one whose every `|b_r − b_0|` is ≤ 80 (the usual case),
+//! every factor `e^{b_i − b_j}` is the product of two normal f32s `e^{b_i − b_0}·e^{b_0 − b_j}`:
+//! one exponent row per row (and its reciprocal) and `e^{b_0}` give them all, and
+//! `A = (Q⊙e^{b−b_0})(K⊙e^{b_0−b})ᵀ` over the whole chunk. Otherwise every exponent is a
+//! difference of cumulative sums that is ≤ 0, except on the 16-row diagonal blocks of `A`,
+//! which use the block's first row as reference (factors up to `e^{spread}`); that is done only
+//! when the block's decay spread is ≤ 80 (so every factor is a normal f32), and the block falls
+//! back to per-pair exponents otherwise. So any gate ≤ 0 works — hard resets (−1000) and the
+//! unbounded softplus gate included — where fla's fast path returns inf/NaN. Cumulative sums
+//! are kept as an f32 pair (value + rounding error), so a difference of two sums near −1000 is
+//! still exact to f32 precision.
+//!
+//! **Layouts.** [`chunked_head`] runs over contiguous `[T, K]` rows in place;
+//! [`chunked_head_strided`] reads each input as [`StridedRows`] (e.g. one head of `[T, H, K]`
+//! tensors, with no copy) and hands the outputs over chunk by chunk.
 //!
 //! Gates must be ≤ 0 (both gate forms guarantee it); NaN propagates.
 
@@ -1203,6 +1211,122 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `x` `[T, dim]` as head `h` of a `[T, heads, dim]` buffer (the other heads hold junk).
+    fn as_head(x: &[f32], dim: usize, heads: usize, h: usize) -> Vec<f32> {
+        let t = x.len() / dim;
+        let mut out = std::vec![f32::NAN; t * heads * dim];
+        for (r, row) in x.chunks_exact(dim).enumerate() {
+            out[(r * heads + h) * dim..][..dim].copy_from_slice(row);
+        }
+        out
+    }
+
+    /// Rows read in place out of `[T, H, ·]` buffers give bit for bit the outputs and state of
+    /// the contiguous call, handed over chunk by chunk in order, on every path and chunk grid.
+    #[test]
+    fn strided_rows_equal_contiguous_rows() {
+        let (t, kd, vd, heads, h) = (50usize, 16usize, 24usize, 3usize, 1usize);
+        for gate in 0..3u8 {
+            let c = case(t, kd, vd, gate, 5 + gate as u64);
+            let (q, k, g) = (
+                as_head(&c.q, kd, heads, h),
+                as_head(&c.k, kd, heads, h),
+                as_head(&c.g, kd, heads, h),
+            );
+            let (v, beta) = (as_head(&c.v, vd, heads, h), as_head(&c.beta, 1, heads, h));
+            fn rows(x: &[f32], dim: usize, heads: usize, h: usize) -> StridedRows<'_> {
+                StridedRows {
+                    data: &x[h * dim..],
+                    dim,
+                    stride: heads * dim,
+                }
+            }
+            for isa in Isa::all_supported() {
+                for chunks in [Chunks::of(16), Chunks { size: 16, first: 5 }, Chunks::of(64)] {
+                    let (want_o, want_s) = chunked(&c, kd, vd, chunks, isa);
+                    let mut scr = std::vec![0.0; chunked_scratch_len(chunks.size, kd, vd)];
+                    let mut state = c.s0.clone();
+                    let head = StridedHead {
+                        tokens: t,
+                        q: rows(&q, kd, heads, h),
+                        k: rows(&k, kd, heads, h),
+                        g: rows(&g, kd, heads, h),
+                        beta: rows(&beta, 1, heads, h),
+                        v: rows(&v, vd, heads, h),
+                        state: &mut state,
+                        scale: 1.0 / (kd as f32).sqrt(),
+                    };
+                    let mut o = Vec::new();
+                    chunked_head_strided(isa, head, chunks, &mut scr, |t0, rows| {
+                        assert_eq!(t0 * vd, o.len(), "chunks out of order");
+                        assert_eq!(rows.len() % vd, 0);
+                        o.extend_from_slice(rows);
+                    })
+                    .unwrap();
+                    assert_eq!(o, want_o, "{isa:?} gate {gate} {chunks:?}");
+                    assert_eq!(state, want_s, "{isa:?} gate {gate} {chunks:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_bad_arguments_are_errors() {
+        let c = case(4, 8, 8, 0, 1);
+        let rows = |x| StridedRows::contiguous(x, 8);
+        let mut scr = std::vec![0.0; chunked_scratch_len(16, 8, 8)];
+        let mut run = |tokens: usize, q: StridedRows<'_>, beta: StridedRows<'_>, state_len| {
+            let mut state = std::vec![0.0; state_len];
+            let head = StridedHead {
+                tokens,
+                q,
+                k: rows(&c.k),
+                g: rows(&c.g),
+                beta,
+                v: rows(&c.v),
+                state: &mut state,
+                scale: 1.0,
+            };
+            let mut calls = 0;
+            let r = chunked_head_strided(Isa::Portable, head, Chunks::of(16), &mut scr, |_, _| {
+                calls += 1
+            });
+            (r, calls)
+        };
+        let beta = StridedRows::contiguous(&c.beta, 1);
+        assert_eq!(run(4, rows(&c.q), beta, 64), (Ok(()), 1));
+        // No tokens: nothing runs, nothing is handed out.
+        assert_eq!(run(0, rows(&c.q), beta, 64), (Ok(()), 0));
+        let e = run(5, rows(&c.q), beta, 64).0;
+        assert!(matches!(e, Err(KdaError::TooSmall { arg: "q", .. })), "{e:?}");
+        let narrow = StridedRows {
+            stride: 4,
+            ..rows(&c.q)
+        };
+        let e = run(4, narrow, beta, 64).0;
+        assert!(matches!(e, Err(KdaError::Config { field: "stride", .. })), "{e:?}");
+        let short_k = StridedRows::contiguous(&c.q, 4);
+        let e = run(4, short_k, beta, 64).0;
+        assert!(matches!(e, Err(KdaError::Shape { arg: "k", .. })), "{e:?}");
+        let e = run(4, rows(&c.q), StridedRows::contiguous(&c.beta, 2), 64).0;
+        assert!(matches!(e, Err(KdaError::Shape { arg: "beta", .. })), "{e:?}");
+        let e = run(4, rows(&c.q), beta, 63).0;
+        assert!(matches!(e, Err(KdaError::Length { arg: "state", .. })), "{e:?}");
+    }
+
+    /// A prefetch hint past the end of the rows stops at the last row that fits.
+    #[test]
+    fn prefetch_stays_inside_the_rows() {
+        let x = [1.0f32; 10];
+        let rows = StridedRows {
+            data: &x[2..],
+            dim: 3,
+            stride: 4,
+        };
+        rows.prefetch(100);
+        StridedRows::contiguous(&[], 1).prefetch(3);
     }
 
     #[test]
