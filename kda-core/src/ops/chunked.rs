@@ -146,7 +146,7 @@ impl<'a> StridedRows<'a> {
 
     /// The rows from row `i` on.
     #[inline(always)]
-    fn from_row(&self, i: usize) -> Self {
+    fn skip_rows(&self, i: usize) -> Self {
         StridedRows {
             data: &self.data[(i * self.stride).min(self.data.len())..],
             ..*self
@@ -414,9 +414,9 @@ pub fn chunked_head_strided(
     let mut grid = chunk_grid(tokens, chunks).peekable();
     while let Some((c0, l)) = grid.next() {
         if let Some(&(n0, nl)) = grid.peek() {
-            head.chunk(n0, nl, v.from_row(n0)).prefetch();
+            head.chunk(n0, nl, v.skip_rows(n0)).prefetch();
         }
-        one_chunk(isa, &head.chunk(c0, l, v.from_row(c0)), state, &mut sc)?;
+        one_chunk(isa, &head.chunk(c0, l, v.skip_rows(c0)), state, &mut sc)?;
         out(c0, &sc.out_delta[..l * vd]);
     }
     Ok(())
@@ -482,10 +482,10 @@ impl<'a> HeadIn<'a> {
     #[inline(always)]
     fn chunk(&self, c0: usize, l: usize, v: StridedRows<'a>) -> ChunkIn<'a> {
         ChunkIn {
-            q: self.q.from_row(c0),
-            k: self.k.from_row(c0),
-            g: self.g.from_row(c0),
-            beta: self.beta.from_row(c0),
+            q: self.q.skip_rows(c0),
+            k: self.k.skip_rows(c0),
+            g: self.g.skip_rows(c0),
+            beta: self.beta.skip_rows(c0),
             v,
             l,
             scale: self.scale,
@@ -1244,7 +1244,11 @@ mod tests {
                 }
             }
             for isa in Isa::all_supported() {
-                for chunks in [Chunks::of(16), Chunks { size: 16, first: 5 }, Chunks::of(64)] {
+                for chunks in [
+                    Chunks::of(16),
+                    Chunks { size: 16, first: 5 },
+                    Chunks::of(64),
+                ] {
                     let (want_o, want_s) = chunked(&c, kd, vd, chunks, isa);
                     let mut scr = std::vec![0.0; chunked_scratch_len(chunks.size, kd, vd)];
                     let mut state = c.s0.clone();
@@ -1300,20 +1304,38 @@ mod tests {
         // No tokens: nothing runs, nothing is handed out.
         assert_eq!(run(0, rows(&c.q), beta, 64), (Ok(()), 0));
         let e = run(5, rows(&c.q), beta, 64).0;
-        assert!(matches!(e, Err(KdaError::TooSmall { arg: "q", .. })), "{e:?}");
+        assert!(
+            matches!(e, Err(KdaError::TooSmall { arg: "q", .. })),
+            "{e:?}"
+        );
         let narrow = StridedRows {
             stride: 4,
             ..rows(&c.q)
         };
         let e = run(4, narrow, beta, 64).0;
-        assert!(matches!(e, Err(KdaError::Config { field: "stride", .. })), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                Err(KdaError::Config {
+                    field: "stride",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
         let short_k = StridedRows::contiguous(&c.q, 4);
         let e = run(4, short_k, beta, 64).0;
         assert!(matches!(e, Err(KdaError::Shape { arg: "k", .. })), "{e:?}");
         let e = run(4, rows(&c.q), StridedRows::contiguous(&c.beta, 2), 64).0;
-        assert!(matches!(e, Err(KdaError::Shape { arg: "beta", .. })), "{e:?}");
+        assert!(
+            matches!(e, Err(KdaError::Shape { arg: "beta", .. })),
+            "{e:?}"
+        );
         let e = run(4, rows(&c.q), beta, 63).0;
-        assert!(matches!(e, Err(KdaError::Length { arg: "state", .. })), "{e:?}");
+        assert!(
+            matches!(e, Err(KdaError::Length { arg: "state", .. })),
+            "{e:?}"
+        );
     }
 
     /// A prefetch hint past the end of the rows stops at the last row that fits.
