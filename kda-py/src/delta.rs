@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use crate::core_api::{self, CoreResult, GateForm, HeadTask};
+use crate::core_api::{self, CoreResult, GateForm, HeadTask, HeadView, StridedRows};
 
 /// Tensor sizes of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +151,21 @@ const RECURRENT_BLOCK: usize = 64;
 /// the whole sequence).
 fn block_len(f: &Flags) -> usize {
     f.chunk.unwrap_or(RECURRENT_BLOCK)
+}
+
+/// Whether the inputs need preparing before the kernel (norm, gate or β sigmoid applied).
+fn needs_prep(f: &Flags) -> bool {
+    f.l2norm || f.gate.is_some() || f.beta_sigmoid.is_some()
+}
+
+/// Head `h` of `heads` (row length `dim`) of tokens `t0..` of `[T, heads, dim]`, in place
+/// (`t0` below `T`).
+fn head_rows(src: &[f32], t0: usize, heads: usize, h: usize, dim: usize) -> StridedRows<'_> {
+    StridedRows {
+        data: &src[(t0 * heads + h) * dim..],
+        dim,
+        stride: heads * dim,
+    }
 }
 
 /// Copies head `h` of `heads` (row length `dim`) of tokens `t0..t1` of `[T, heads, dim]` into
@@ -319,6 +334,65 @@ fn initial_state(c: &Ctx<'_, '_>, n: usize, hv: usize, state: &mut [f32]) {
     }
 }
 
+/// Hints the caches to fetch the input rows of tokens `t0..t1` (`t0 < t1`) of value head `hv`.
+fn prefetch_head(c: &Ctx<'_, '_>, (t0, t1): (usize, usize), hv: usize) {
+    let (d, x) = (c.d, c.x);
+    let h = hv / (d.v_heads / d.heads);
+    for (src, heads, head, dim) in [
+        (x.q, d.heads, h, d.k),
+        (x.k, d.heads, h, d.k),
+        (x.g, d.v_heads, hv, d.k),
+        (x.beta, d.v_heads, hv, 1),
+        (x.v, d.v_heads, hv, d.v),
+    ] {
+        head_rows(src, t0, heads, head, dim).prefetch(t1 - t0);
+    }
+}
+
+/// Tokens `t0..t1` (`t0 < t1`) of value head `hv`, read in place, on `state`.
+fn head_view<'s>(
+    c: &Ctx<'_, 's>,
+    (t0, t1): (usize, usize),
+    hv: usize,
+    state: &'s mut [f32],
+) -> HeadView<'s> {
+    let (d, x) = (c.d, c.x);
+    let h = hv / (d.v_heads / d.heads);
+    HeadView {
+        tokens: t1 - t0,
+        q: head_rows(x.q, t0, d.heads, h, d.k),
+        k: head_rows(x.k, t0, d.heads, h, d.k),
+        g: head_rows(x.g, t0, d.v_heads, hv, d.k),
+        beta: head_rows(x.beta, t0, d.v_heads, hv, 1),
+        v: head_rows(x.v, t0, d.v_heads, hv, d.v),
+        state,
+    }
+}
+
+/// Runs task `(n, hv)` of the chunked form on unprepared inputs: one kernel call reading the
+/// head's rows in place, on `state` `[K, V]` (initial state in, final state out), writing its
+/// outputs to `sink`.
+fn run_in_place(
+    c: &Ctx<'_, '_>,
+    (n, hv): (usize, usize),
+    (state, scratch): (&mut [f32], &mut [f32]),
+    chunk: usize,
+    sink: &mut impl RowSink,
+) -> CoreResult<()> {
+    let (d, x) = (c.d, c.x);
+    let (t0, t1) = (x.cu_seqlens[n], x.cu_seqlens[n + 1]);
+    initial_state(c, n, hv, state);
+    if t0 == t1 {
+        return Ok(());
+    }
+    let view = head_view(c, (t0, t1), hv, state);
+    core_api::chunked_head_view(c.isa, view, c.f.scale, chunk, scratch, |j0, o| {
+        for (j, row) in o.chunks_exact(d.v).enumerate() {
+            sink.row(j0 + j).copy_from_slice(row);
+        }
+    })
+}
+
 /// Runs task `(n, hv)` block by block on `state` `[K, V]` (K-first: initial state in, final
 /// state out), writing its outputs to `sink`.
 fn run_blocks(
@@ -330,6 +404,9 @@ fn run_blocks(
     sink: &mut impl RowSink,
 ) -> CoreResult<()> {
     let (d, f) = (c.d, c.f);
+    if let (Some(chunk), false) = (f.chunk, needs_prep(f)) {
+        return run_in_place(c, (n, hv), (state, scratch), chunk, sink);
+    }
     let (t0, t1) = (c.x.cu_seqlens[n], c.x.cu_seqlens[n + 1]);
     let h = hv / (d.v_heads / d.heads);
     initial_state(c, n, hv, state);
@@ -387,8 +464,86 @@ fn task(
     }
 }
 
+/// The combined size of the states that the serial chunked form keeps in use at once (one per
+/// head of a group): a few MB, so that 32 heads of 128 × 128 (a whole `[T, H, K]` row per
+/// token, read in order) run together and their states stay in the last-level cache.
+const GROUP_STATE_BYTES: usize = 4 << 20;
+
+/// The chunked form on unprepared inputs on this thread: sequence by sequence, value heads in
+/// groups, each group chunk by chunk with the heads of the group inner. The group's rows of a
+/// token are adjacent in the `[T, HV, ·]` inputs (whole pages at K = 128, read in order), its
+/// states stay cached, and the inputs are read in place; outputs go straight into `out`.
+/// `group` value heads at a time.
+fn run_serial_grouped(
+    c: &Ctx<'_, '_>,
+    chunk: usize,
+    group: usize,
+    out: Outputs<'_>,
+) -> CoreResult<()> {
+    let (d, x, kv) = (c.d, c.x, c.d.k * c.d.v);
+    let Outputs { o, mut final_state } = out;
+    let mut scratch = vec![0.0; core_api::chunked_scratch_len(chunk, d.k, d.v)];
+    let mut own = Vec::new();
+    for n in 0..x.cu_seqlens.len() - 1 {
+        let (t0, t1) = (x.cu_seqlens[n], x.cu_seqlens[n + 1]);
+        for g0 in (0..d.v_heads).step_by(group) {
+            let g1 = (g0 + group).min(d.v_heads);
+            // The group's states, K-first: in place in the caller's final state when it is
+            // K-first, else in a buffer of ours (transposed into a V-first one at the end).
+            let slots = (n * d.v_heads + g0) * kv..(n * d.v_heads + g1) * kv;
+            own.resize((g1 - g0) * kv, 0.0);
+            let (states, v_first_dst) = match final_state.as_deref_mut() {
+                Some(s) if !c.f.v_first => (&mut s[slots], None),
+                Some(s) => (&mut own[..], Some(&mut s[slots])),
+                None => (&mut own[..], None),
+            };
+            for (hv, st) in (g0..g1).zip(states.chunks_exact_mut(kv)) {
+                initial_state(c, n, hv, st);
+            }
+            let mut b0 = t0;
+            while b0 < t1 {
+                let b1 = (b0 + chunk).min(t1);
+                for (hv, st) in (g0..g1).zip(states.chunks_exact_mut(kv)) {
+                    // The next head's rows (the group's first head's of the next chunk after
+                    // the last head) are fetched while this one runs.
+                    match hv + 1 < g1 {
+                        true => prefetch_head(c, (b0, b1), hv + 1),
+                        false if b1 < t1 => prefetch_head(c, (b1, (b1 + chunk).min(t1)), g0),
+                        false => {}
+                    }
+                    let view = head_view(c, (b0, b1), hv, st);
+                    core_api::chunked_head_view(
+                        c.isa,
+                        view,
+                        c.f.scale,
+                        chunk,
+                        &mut scratch,
+                        |j0, rows| {
+                            for (j, row) in rows.chunks_exact(d.v).enumerate() {
+                                let at = ((b0 + j0 + j) * d.v_heads + hv) * d.v;
+                                o[at..at + d.v].copy_from_slice(row);
+                            }
+                        },
+                    )?;
+                }
+                b0 = b1;
+            }
+            if let Some(dst) = v_first_dst {
+                for (st, dst) in states.chunks_exact(kv).zip(dst.chunks_exact_mut(kv)) {
+                    transpose_into(st, d.k, d.v, dst);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every task on this thread, writing straight into `out`.
 fn run_serial(c: &Ctx<'_, '_>, tasks: usize, out: Outputs<'_>) -> CoreResult<()> {
+    if let (Some(chunk), false) = (c.f.chunk, needs_prep(c.f)) {
+        let group = GROUP_STATE_BYTES / (c.d.k * c.d.v * 4);
+        return run_serial_grouped(c, chunk, group.clamp(1, c.d.v_heads), out);
+    }
     let (d, kv) = (c.d, c.d.k * c.d.v);
     let Outputs { o, mut final_state } = out;
     let mut w = Work::new(c);
@@ -590,6 +745,10 @@ mod tests {
             .collect();
         let beta: Vec<f32> = rnd(tokens * hv, 15).iter().map(|x| x.abs()).collect();
         let h0 = rnd(4 * hv * kd * vd, 16);
+        let h0_v: Vec<f32> = h0
+            .chunks_exact(kd * vd)
+            .flat_map(|blk| transpose(blk, kd, vd))
+            .collect();
         let d = Dims {
             tokens,
             heads: h,
@@ -663,6 +822,40 @@ mod tests {
                 crate::threads::install(threads, || run(&d, &x, &f, out, threads)).unwrap();
                 assert_eq!(o, o_ref, "{chunk:?} threads {threads}");
                 assert_eq!(s, s_ref, "{chunk:?} threads {threads}");
+            }
+            let Some(chunk) = chunk else { continue };
+            // The serial chunked form in head groups of every size (uneven ones included),
+            // final state K-first, V-first or not asked for.
+            let s_ref_v: Vec<f32> = s_ref
+                .chunks_exact(kd * vd)
+                .flat_map(|blk| transpose(blk, kd, vd))
+                .collect();
+            for group in 1..=hv {
+                for (v_first, want_state) in [(false, true), (true, true), (false, false)] {
+                    let fv = Flags { v_first, ..f };
+                    let xv = Inputs {
+                        initial_state: Some(if v_first { &h0_v } else { &h0 }),
+                        ..x
+                    };
+                    let c = Ctx {
+                        d: &d,
+                        x: &xv,
+                        f: &fv,
+                        isa: core_api::isa(),
+                        block_rows: chunk,
+                    };
+                    let (mut o, mut s) = (vec![0.0; v.len()], vec![0.0; h0.len()]);
+                    let out = Outputs {
+                        o: &mut o,
+                        final_state: want_state.then_some(&mut s[..]),
+                    };
+                    run_serial_grouped(&c, chunk, group, out).unwrap();
+                    let what = format!("C{chunk} group {group} v_first {v_first}");
+                    assert_eq!(o, o_ref, "{what}");
+                    if want_state {
+                        assert_eq!(&s, if v_first { &s_ref_v } else { &s_ref }, "{what}");
+                    }
+                }
             }
         }
     }

@@ -12,18 +12,26 @@
 //! substitution directly on the right-hand side (no explicit inverse and no `W`/`U` matrices:
 //! one `[L×K]·[K×V]` product instead of two).
 //!
-//! **Exponents.** Every exponent is a difference of cumulative sums that is ≤ 0, except on the
-//! 16-row diagonal blocks of `A`, which use the block's first row as reference (factors up to
-//! `e^{spread}`); that is done only when the block's decay spread is ≤ 80 (so every factor is a
-//! normal f32), and the block falls back to per-pair exponents otherwise. So any gate ≤ 0 works —
-//! hard resets (−1000) and the unbounded softplus gate included — where fla's fast path
-//! returns inf/NaN. Cumulative sums are kept as an f32 pair (value + rounding error), so a
-//! difference of two sums near −1000 is still exact to f32 precision.
+//! **Exponents.** In a *tame* chunk, one whose every `|b_r − b_0|` is ≤ 80 (the usual case),
+//! every factor `e^{b_i − b_j}` is the product of two normal f32s `e^{b_i − b_0}·e^{b_0 − b_j}`:
+//! one exponent row per row (and its reciprocal) and `e^{b_0}` give them all, and
+//! `A = (Q⊙e^{b−b_0})(K⊙e^{b_0−b})ᵀ` over the whole chunk. Otherwise every exponent is a
+//! difference of cumulative sums that is ≤ 0, except on the 16-row diagonal blocks of `A`,
+//! which use the block's first row as reference (factors up to `e^{spread}`); that is done only
+//! when the block's decay spread is ≤ 80 (so every factor is a normal f32), and the block falls
+//! back to per-pair exponents otherwise. So any gate ≤ 0 works — hard resets (−1000) and the
+//! unbounded softplus gate included — where fla's fast path returns inf/NaN. Cumulative sums
+//! are kept as an f32 pair (value + rounding error), so a difference of two sums near −1000 is
+//! still exact to f32 precision.
+//!
+//! **Layouts.** [`chunked_head`] runs over contiguous `[T, K]` rows in place;
+//! [`chunked_head_strided`] reads each input as [`StridedRows`] (e.g. one head of `[T, H, K]`
+//! tensors, with no copy) and hands the outputs over chunk by chunk.
 //!
 //! Gates must be ≤ 0 (both gate forms guarantee it); NaN propagates.
 
 use super::{HeadDims, HeadRows};
-use crate::error::KdaError;
+use crate::error::{check_len, KdaError};
 use crate::simd::{self, Isa};
 
 /// Rows of the diagonal blocks of `A`.
@@ -52,6 +60,123 @@ impl Chunks {
 /// Largest supported chunk size.
 pub const MAX_CHUNK: usize = 256;
 
+/// Rows of `dim` elements at a fixed distance in a larger row-major buffer: row `t` is
+/// `data[t·stride..t·stride + dim]`. One head `h` of a `[T, H, D]` tensor `x` is
+/// `StridedRows { data: &x[h·D..], dim: D, stride: H·D }`; contiguous `[T, D]` rows have
+/// `stride == dim`.
+#[derive(Debug, Clone, Copy)]
+pub struct StridedRows<'a> {
+    /// The buffer; row 0 starts at its first element.
+    pub data: &'a [f32],
+    /// Elements per row (≥ 1).
+    pub dim: usize,
+    /// Elements from the start of one row to the start of the next (≥ `dim`).
+    pub stride: usize,
+}
+
+impl<'a> StridedRows<'a> {
+    /// Contiguous rows of `dim` elements.
+    pub fn contiguous(data: &'a [f32], dim: usize) -> Self {
+        StridedRows {
+            data,
+            dim,
+            stride: dim,
+        }
+    }
+
+    /// Hints the caches to fetch the first `rows` rows (those that fit in `data`): for a
+    /// caller that knows which rows the kernel reads next. Rows a page or more apart (one head
+    /// of a `[T, H, K]` tensor) are beyond the reach of the hardware prefetchers.
+    pub fn prefetch(&self, rows: usize) {
+        for i in 0..rows {
+            match self
+                .data
+                .get(i * self.stride..)
+                .and_then(|r| r.get(..self.dim))
+            {
+                Some(row) => simd::prefetch(row),
+                None => break,
+            }
+        }
+    }
+
+    /// Checks that `rows` rows of `dim` elements fit; `arg` names the argument in the error.
+    fn check(&self, arg: &'static str, rows: usize, dim: usize) -> Result<(), KdaError> {
+        if self.dim != dim || dim == 0 {
+            return Err(KdaError::Shape {
+                arg,
+                expected: [rows, dim],
+                actual: [rows, self.dim],
+            });
+        }
+        if self.stride < self.dim {
+            return Err(KdaError::Config {
+                field: "stride",
+                reason: "must be at least the row length",
+            });
+        }
+        let needed = match rows.checked_sub(1) {
+            None => 0,
+            Some(last) => last
+                .checked_mul(self.stride)
+                .and_then(|v| v.checked_add(dim))
+                .ok_or(KdaError::Overflow { what: arg })?,
+        };
+        if self.data.len() < needed {
+            return Err(KdaError::TooSmall {
+                arg,
+                needed,
+                actual: self.data.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Row `i` (checked against `data`'s length).
+    #[inline(always)]
+    fn row(&self, i: usize) -> &'a [f32] {
+        &self.data[i * self.stride..][..self.dim]
+    }
+
+    /// The first element of row `i`.
+    #[inline(always)]
+    fn at(&self, i: usize) -> f32 {
+        self.data[i * self.stride]
+    }
+
+    /// The rows from row `i` on.
+    #[inline(always)]
+    fn skip_rows(&self, i: usize) -> Self {
+        StridedRows {
+            data: &self.data[(i * self.stride).min(self.data.len())..],
+            ..*self
+        }
+    }
+}
+
+/// One head of one sequence read in place out of larger tensors (for example `[T, H, K]`
+/// inputs): the inputs of [`chunked_head_strided`]. `tokens` rows each; `q`, `k`, `g` rows of
+/// `K`, `beta` rows of 1, `v` rows of `V`.
+#[derive(Debug)]
+pub struct StridedHead<'a> {
+    /// Tokens `T`.
+    pub tokens: usize,
+    /// Queries (L2-normalised).
+    pub q: StridedRows<'a>,
+    /// Keys (L2-normalised).
+    pub k: StridedRows<'a>,
+    /// Log-decays (≤ 0).
+    pub g: StridedRows<'a>,
+    /// Write strengths (`dim` 1).
+    pub beta: StridedRows<'a>,
+    /// Values.
+    pub v: StridedRows<'a>,
+    /// `[K, V]` K-first state: initial in, final out.
+    pub state: &'a mut [f32],
+    /// The query scale.
+    pub scale: f32,
+}
+
 /// The scratch slices of one chunk of `l ≤ C` rows, carved from the caller's buffer. `b` is the
 /// chunk-local cumulative log-decay (`b_r = Σ_{s ≤ r} g_s`, per key dimension).
 struct Scratch<'a> {
@@ -59,12 +184,16 @@ struct Scratch<'a> {
     cum_hi: &'a mut [f32],
     /// `[C, K]` low part of `b` (the rounding error of `cum_hi`, TwoSum-compensated).
     cum_lo: &'a mut [f32],
-    /// `[C, K]` `scale · q ⊙ e^{b}`: queries decayed to the chunk start.
-    q_decayed: &'a mut [f32],
-    /// `[C, K]` `k ⊙ e^{b}`: keys decayed to the chunk start.
-    k_decayed: &'a mut [f32],
+    /// `[C, K]` `q ⊙ e^{b − b_0}` (a tame chunk's, see [`tame_factors`]).
+    qf: &'a mut [f32],
+    /// `[C, K]` `k ⊙ e^{b − b_0}` (likewise).
+    kf: &'a mut [f32],
+    /// `[2C, K]` rows `0..l`: `scale · q ⊙ e^{b}`, rows `l..2l`: `k ⊙ e^{b}` (queries and keys
+    /// decayed to the chunk start, stacked so that one product with the state serves both).
+    decayed: &'a mut [f32],
     /// `[C, K]` `k ⊙ e^{b_{l−1} − b}`: keys decayed to the chunk end; also the scratch rows of
-    /// `k̂` (keys relative to a diagonal block's first row) while `A` is built.
+    /// `k̂` (keys relative to a diagonal block's first row) while `A` is built. In a tame
+    /// chunk, `k ⊙ e^{b_0 − b}`.
     k_to_end: &'a mut [f32],
     /// `[K, C]` `k_to_end` transposed (the state update's left factor).
     k_to_end_t: &'a mut [f32],
@@ -72,18 +201,21 @@ struct Scratch<'a> {
     q_block: &'a mut [f32],
     /// `[16, K]` one diagonal block's `k ⊙ e^{b − b_{a0}}`.
     k_block: &'a mut [f32],
-    /// `[K, C]` `k̂` transposed.
+    /// `[K, C]` `k̂` transposed (in a tame chunk, `k ⊙ e^{b_0 − b}` transposed).
     k_hat_t: &'a mut [f32],
     /// `[C, C]` `A_qk` (scaled, lower triangular with diagonal).
     a_qk: &'a mut [f32],
     /// `[C, C]` `−A_kk` (β-scaled rows, strictly lower triangular).
     neg_a_kk: &'a mut [f32],
-    /// `[C, V]` the right-hand side, then the innovations `Δ` in place.
-    delta: &'a mut [f32],
-    /// `[C, V]` the chunk's outputs (also a `[K]` temporary while `A` is built).
-    out: &'a mut [f32],
+    /// `[2C, V]` rows `0..l`: the chunk's outputs; rows `l..2l`: the right-hand side, then the
+    /// innovations `Δ` in place (the two products with the state, stacked like `decayed`).
+    out_delta: &'a mut [f32],
     /// `[K]` `e^{b_{l−1}}`: the whole chunk's decay per key row.
     chunk_decay: &'a mut [f32],
+    /// `[K]` `e^{b_0}`: the first row's decay (a tame chunk's).
+    first_decay: &'a mut [f32],
+    /// `[2K]` one row's `e^{b − b_0}` and `e^{b_0 − b}` (a tame chunk's).
+    exps: &'a mut [f32],
 }
 
 /// f32 elements of scratch [`chunked_head`] needs for chunk size `chunk`, key dim `k`, value
@@ -93,22 +225,24 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
         return 0;
     }
     let c = chunk;
-    // Seven [C, K] (cum_hi … k_hat_t), two [16, K] (q_block, k_block), two [C, C] (a_qk,
-    // neg_a_kk), two [C, V] (delta, out), one [K] (chunk_decay).
+    // Nine [C, K] (cum_hi … k_hat_t, decayed counting two), two [16, K] (q_block, k_block),
+    // two [C, C] (a_qk, neg_a_kk), two [C, V] (out_delta), four [K] (chunk_decay,
+    // first_decay, exps).
     // Saturating: an impossible size makes the caller's workspace check fail, not overflow.
-    (7 * c)
+    (9 * c)
         .saturating_mul(k)
         .saturating_add((2 * SUB).saturating_mul(k))
         .saturating_add(2 * c * c)
         .saturating_add((2 * c).saturating_mul(v))
-        .saturating_add(k)
+        .saturating_add(k.saturating_mul(4))
 }
 
 fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     let (cum_hi, rest) = buf.split_at_mut(c * k);
     let (cum_lo, rest) = rest.split_at_mut(c * k);
-    let (q_decayed, rest) = rest.split_at_mut(c * k);
-    let (k_decayed, rest) = rest.split_at_mut(c * k);
+    let (qf, rest) = rest.split_at_mut(c * k);
+    let (kf, rest) = rest.split_at_mut(c * k);
+    let (decayed, rest) = rest.split_at_mut(2 * c * k);
     let (k_to_end, rest) = rest.split_at_mut(c * k);
     let (k_to_end_t, rest) = rest.split_at_mut(c * k);
     let (k_hat_t, rest) = rest.split_at_mut(c * k);
@@ -116,14 +250,16 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     let (k_block, rest) = rest.split_at_mut(SUB * k);
     let (a_qk, rest) = rest.split_at_mut(c * c);
     let (neg_a_kk, rest) = rest.split_at_mut(c * c);
-    let (delta, rest) = rest.split_at_mut(c * v);
-    let (out, rest) = rest.split_at_mut(c * v);
-    let chunk_decay = &mut rest[..k];
+    let (out_delta, rest) = rest.split_at_mut(2 * c * v);
+    let (chunk_decay, rest) = rest.split_at_mut(k);
+    let (first_decay, rest) = rest.split_at_mut(k);
+    let exps = &mut rest[..2 * k];
     Scratch {
         cum_hi,
         cum_lo,
-        q_decayed,
-        k_decayed,
+        qf,
+        kf,
+        decayed,
         k_to_end,
         k_to_end_t,
         q_block,
@@ -131,10 +267,55 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
         k_hat_t,
         a_qk,
         neg_a_kk,
-        delta,
-        out,
+        out_delta,
         chunk_decay,
+        first_decay,
+        exps,
     }
+}
+
+/// A chunk size outside `1..=MAX_CHUNK` is a configuration error.
+fn check_chunk_size(chunk: usize) -> Result<(), KdaError> {
+    if chunk == 0 || chunk > MAX_CHUNK {
+        return Err(KdaError::Config {
+            field: "chunk_size",
+            reason: "must be between 1 and 256",
+        });
+    }
+    Ok(())
+}
+
+/// The caller's scratch, checked and carved for chunks of `chunk` rows.
+fn scratch_for(
+    scratch: &mut [f32],
+    chunk: usize,
+    kd: usize,
+    vd: usize,
+) -> Result<Scratch<'_>, KdaError> {
+    let need = chunked_scratch_len(chunk, kd, vd);
+    if scratch.len() < need {
+        return Err(KdaError::TooSmall {
+            arg: "chunk scratch",
+            needed: need,
+            actual: scratch.len(),
+        });
+    }
+    Ok(carve(scratch, chunk, kd, vd))
+}
+
+/// The chunks `(first row, rows)` of `t_len` rows on the grid `chunks` (size checked).
+fn chunk_grid(t_len: usize, chunks: Chunks) -> impl Iterator<Item = (usize, usize)> {
+    let (mut c0, mut len) = (0, chunks.first.clamp(1, chunks.size));
+    core::iter::from_fn(move || {
+        if c0 >= t_len {
+            return None;
+        }
+        let l = len.min(t_len - c0);
+        let chunk = (c0, l);
+        c0 += l;
+        len = chunks.size;
+        Some(chunk)
+    })
 }
 
 /// Runs the chunked delta rule over the `T` rows of one head of one sequence (`rows`), in
@@ -146,13 +327,7 @@ pub fn chunked_head(
     chunks: Chunks,
     scratch: &mut [f32],
 ) -> Result<(), KdaError> {
-    let Chunks { size: chunk, first } = chunks;
-    if chunk == 0 || chunk > MAX_CHUNK {
-        return Err(KdaError::Config {
-            field: "chunk_size",
-            reason: "must be between 1 and 256",
-        });
-    }
+    check_chunk_size(chunks.size)?;
     let HeadDims {
         t: t_len,
         k: kd,
@@ -170,32 +345,79 @@ pub fn chunked_head(
         state,
         scale,
     } = rows;
-    let need = chunked_scratch_len(chunk, kd, vd);
-    if scratch.len() < need {
-        return Err(KdaError::TooSmall {
-            arg: "chunk scratch",
-            needed: need,
-            actual: scratch.len(),
-        });
+    let mut sc = scratch_for(scratch, chunks.size, kd, vd)?;
+    let head = HeadIn {
+        q: StridedRows::contiguous(q, kd),
+        k: StridedRows::contiguous(k, kd),
+        g: StridedRows::contiguous(g, kd),
+        beta: StridedRows::contiguous(beta, 1),
+        scale,
+        kd,
+        vd,
+    };
+    let mut grid = chunk_grid(t_len, chunks).peekable();
+    while let Some((c0, l)) = grid.next() {
+        let vals = |c0: usize, l: usize| c0 * vd..(c0 + l) * vd;
+        if let Some(&(n0, nl)) = grid.peek() {
+            let v = StridedRows::contiguous(&v_o[vals(n0, nl)], vd);
+            head.chunk(n0, nl, v).prefetch();
+        }
+        let v = StridedRows::contiguous(&v_o[vals(c0, l)], vd);
+        one_chunk(isa, &head.chunk(c0, l, v), state, &mut sc)?;
+        v_o[vals(c0, l)].copy_from_slice(&sc.out_delta[..l * vd]);
     }
-    let mut sc = carve(scratch, chunk, kd, vd);
-    let mut c0 = 0;
-    let mut len = first.clamp(1, chunk);
-    while c0 < t_len {
-        let l = len.min(t_len - c0);
-        let rows = c0 * kd..(c0 + l) * kd;
-        let inp = ChunkIn {
-            q: &q[rows.clone()],
-            k: &k[rows.clone()],
-            g: &g[rows],
-            beta: &beta[c0..c0 + l],
-            scale,
-            kd,
-            vd,
-        };
-        one_chunk(isa, &inp, &mut v_o[c0 * vd..(c0 + l) * vd], state, &mut sc)?;
-        c0 += l;
-        len = chunk;
+    Ok(())
+}
+
+/// [`chunked_head`] over rows read in place out of larger tensors (no copy of the inputs),
+/// the outputs handed to `out` chunk by chunk, in token order: `out(t0, o)` with `o` the
+/// `[l, V]` outputs of tokens `t0..t0 + l`. The final state replaces the initial one.
+/// `scratch`: at least [`chunked_scratch_len`]`(C, K, V)` elements.
+pub fn chunked_head_strided(
+    isa: Isa,
+    head: StridedHead<'_>,
+    chunks: Chunks,
+    scratch: &mut [f32],
+    mut out: impl FnMut(usize, &[f32]),
+) -> Result<(), KdaError> {
+    check_chunk_size(chunks.size)?;
+    let StridedHead {
+        tokens,
+        q,
+        k,
+        g,
+        beta,
+        v,
+        state,
+        scale,
+    } = head;
+    let (kd, vd) = (q.dim, v.dim);
+    q.check("q", tokens, kd)?;
+    k.check("k", tokens, kd)?;
+    g.check("g", tokens, kd)?;
+    beta.check("beta", tokens, 1)?;
+    v.check("v", tokens, vd)?;
+    check_len("state", state.len(), crate::error::mul("state", kd, vd)?)?;
+    if tokens == 0 {
+        return Ok(());
+    }
+    let mut sc = scratch_for(scratch, chunks.size, kd, vd)?;
+    let head = HeadIn {
+        q,
+        k,
+        g,
+        beta,
+        scale,
+        kd,
+        vd,
+    };
+    let mut grid = chunk_grid(tokens, chunks).peekable();
+    while let Some((c0, l)) = grid.next() {
+        if let Some(&(n0, nl)) = grid.peek() {
+            head.chunk(n0, nl, v.skip_rows(n0)).prefetch();
+        }
+        one_chunk(isa, &head.chunk(c0, l, v.skip_rows(c0)), state, &mut sc)?;
+        out(c0, &sc.out_delta[..l * vd]);
     }
     Ok(())
 }
@@ -222,24 +444,90 @@ fn diff_row(out: &mut [f32], bh: &[f32], bl: &[f32], i: usize, j: usize, kd: usi
     }
 }
 
-/// The read-only inputs of one chunk: `q`, `k`, `g` `[l, K]`, `beta` `[l]`.
+/// `max_d (b_i − b_j)[d]`, NaN if any difference is NaN (so a NaN never passes a `≤` test).
+#[inline(always)]
+fn max_diff(bh: &[f32], bl: &[f32], i: usize, j: usize, kd: usize) -> f32 {
+    (0..kd).fold(0.0f32, |m, d| {
+        let s = diff(bh, bl, i, j, d, kd);
+        if s > m || s.is_nan() {
+            s
+        } else {
+            m
+        }
+    })
+}
+
+/// `out[d] = a[d] · b[d]`.
+#[inline(always)]
+fn mul_rows(out: &mut [f32], a: &[f32], b: &[f32]) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = x * y;
+    }
+}
+
+/// The read-only inputs of one head but its values: `q`, `k`, `g` rows of `K`, `beta` of 1.
 #[derive(Clone, Copy)]
-struct ChunkIn<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    g: &'a [f32],
-    beta: &'a [f32],
+struct HeadIn<'a> {
+    q: StridedRows<'a>,
+    k: StridedRows<'a>,
+    g: StridedRows<'a>,
+    beta: StridedRows<'a>,
     scale: f32,
     kd: usize,
     vd: usize,
 }
 
-/// Runs one chunk on the requested path. The AVX2 variant is the same code compiled with AVX2
-/// and FMA enabled, so its plain loops vectorise 8 wide.
+impl<'a> HeadIn<'a> {
+    /// The chunk of rows `c0..c0 + l`, with its values `v` (rows from `c0`).
+    #[inline(always)]
+    fn chunk(&self, c0: usize, l: usize, v: StridedRows<'a>) -> ChunkIn<'a> {
+        ChunkIn {
+            q: self.q.skip_rows(c0),
+            k: self.k.skip_rows(c0),
+            g: self.g.skip_rows(c0),
+            beta: self.beta.skip_rows(c0),
+            v,
+            l,
+            scale: self.scale,
+            kd: self.kd,
+            vd: self.vd,
+        }
+    }
+}
+
+/// The read-only inputs of one chunk of `l` rows: `q`, `k`, `g` rows of `K`, `beta` of 1,
+/// `v` of `V`, each from the chunk's first row.
+#[derive(Clone, Copy)]
+struct ChunkIn<'a> {
+    q: StridedRows<'a>,
+    k: StridedRows<'a>,
+    g: StridedRows<'a>,
+    beta: StridedRows<'a>,
+    v: StridedRows<'a>,
+    l: usize,
+    scale: f32,
+    kd: usize,
+    vd: usize,
+}
+
+impl ChunkIn<'_> {
+    /// Hints the caches to fetch the chunk's input rows (the next chunk's, while one runs:
+    /// rows of a head inside a `[T, H, K]` tensor are a page apart, beyond the reach of the
+    /// hardware prefetchers).
+    #[inline(always)]
+    fn prefetch(&self) {
+        for x in [self.q, self.k, self.g, self.beta, self.v] {
+            x.prefetch(self.l);
+        }
+    }
+}
+
+/// Runs one chunk on the requested path; its outputs are left in `sc.out_delta[..l·V]`. The
+/// AVX2 variant is the same code compiled with AVX2 and FMA enabled, so its plain loops
+/// vectorise 8 wide.
 fn one_chunk(
     isa: Isa,
     inp: &ChunkIn<'_>,
-    v_o: &mut [f32],
     state: &mut [f32],
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
@@ -247,15 +535,15 @@ fn one_chunk(
     if isa == Isa::Avx512F && isa.is_supported() {
         // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked just above); the function
         // has no other requirement (it is safe Rust compiled with those features enabled).
-        return unsafe { one_chunk_avx512(isa, inp, v_o, state, sc) };
+        return unsafe { one_chunk_avx512(isa, inp, state, sc) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above); the function has no
         // other requirement (it is safe Rust compiled with those features enabled).
-        return unsafe { one_chunk_avx2(isa, inp, v_o, state, sc) };
+        return unsafe { one_chunk_avx2(isa, inp, state, sc) };
     }
-    one_chunk_body(isa, inp, v_o, state, sc)
+    one_chunk_body(isa, inp, state, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -263,11 +551,10 @@ fn one_chunk(
 unsafe fn one_chunk_avx2(
     isa: Isa,
     inp: &ChunkIn<'_>,
-    v_o: &mut [f32],
     state: &mut [f32],
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
-    one_chunk_body(isa, inp, v_o, state, sc)
+    one_chunk_body(isa, inp, state, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -275,51 +562,51 @@ unsafe fn one_chunk_avx2(
 unsafe fn one_chunk_avx512(
     isa: Isa,
     inp: &ChunkIn<'_>,
-    v_o: &mut [f32],
     state: &mut [f32],
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
-    one_chunk_body(isa, inp, v_o, state, sc)
+    one_chunk_body(isa, inp, state, sc)
 }
 
-/// One chunk of `l` rows: the six steps of the module docs, each its own function (inlined, so
+/// One chunk of `l` rows: the steps of the module docs, each its own function (inlined, so
 /// the AVX2 instantiation compiles all of them with AVX2 enabled).
 #[inline(always)]
 fn one_chunk_body(
     isa: Isa,
     inp: &ChunkIn<'_>,
-    v_o: &mut [f32],
     state: &mut [f32],
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
     cumulative_decay(inp, sc);
-    row_factors(isa, inp, sc)?;
-    intra_chunk_matrices(isa, inp, sc)?;
-    innovations(isa, inp, v_o, state, sc)?;
-    chunk_outputs(isa, inp, state, sc)?;
-    update_state(isa, inp, state, sc)?;
-    v_o.copy_from_slice(&sc.out[..inp.beta.len() * inp.vd]);
-    Ok(())
+    if tame_factors(isa, inp, sc)? {
+        tame_matrices(isa, inp, sc)?;
+    } else {
+        row_factors(isa, inp, sc)?;
+        intra_chunk_matrices(isa, inp, sc)?;
+    }
+    state_products(isa, inp, state, sc)?;
+    innovations(isa, inp, sc)?;
+    chunk_outputs(isa, inp, sc)?;
+    update_state(isa, inp, state, sc)
 }
 
 /// Step 1: compensated chunk-local cumulative sums `b` of the log-decay (TwoSum per step).
 #[inline(always)]
 fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
-    let (g, kd, l) = (inp.g, inp.kd, inp.beta.len());
+    let (kd, l) = (inp.kd, inp.l);
     let (hi, lo) = (&mut sc.cum_hi[..l * kd], &mut sc.cum_lo[..l * kd]);
-    hi[..kd].copy_from_slice(&g[..kd]);
+    hi[..kd].copy_from_slice(inp.g.row(0));
     lo[..kd].fill(0.0);
     for r in 1..l {
         let (prev, cur) = hi.split_at_mut(r * kd);
         let (lprev, lcur) = lo.split_at_mut(r * kd);
         let (ph, pl) = (&prev[(r - 1) * kd..], &lprev[(r - 1) * kd..]);
-        let gr = &g[r * kd..(r + 1) * kd];
         for ((((c, lc), &a), &pl), &x) in cur[..kd]
             .iter_mut()
             .zip(&mut lcur[..kd])
             .zip(ph)
             .zip(pl)
-            .zip(gr)
+            .zip(inp.g.row(r))
         {
             let s = a + x;
             let bp = s - a;
@@ -330,32 +617,105 @@ fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
     }
 }
 
-/// Step 2: row factors against the chunk start (`e^{b_r} ≤ 1`): `q_decayed`, `k_decayed`;
-/// against the chunk end, `k_to_end` (≤ 1) and its transpose; and the whole chunk's decay.
+/// Step 2 of a tame chunk, one whose every `|b_r − b_0|` is ≤ [`MAX_SPREAD`] (its decay spread,
+/// with gates ≤ 0); returns whether the chunk is tame (if not, nothing it wrote is used). In a
+/// tame chunk every factor `e^{b_i − b_j}` is the product `e^{b_i − b_0} · e^{b_0 − b_j}` of two
+/// normal f32s, so one exponent row and its reciprocal per row, and `e^{b_0}`, give them all. Per row: `qf = q ⊙ e^{b − b_0}`, `kf = k ⊙ e^{b − b_0}`,
+/// `kb = k ⊙ e^{b_0 − b}` (in `k_to_end`); the decayed queries and keys are
+/// `e^{b_0} ⊙ qf` (scaled) and `e^{b_0} ⊙ kf`; the keys to the chunk end `e^{b_{l−1} − b_0} ⊙ kb`
+/// (kept transposed); and [`tame_matrices`] builds `A` as `qf·kbᵀ`, `kf·kbᵀ`.
+#[inline(always)]
+fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<bool, KdaError> {
+    let (kd, l, scale) = (inp.kd, inp.l, inp.scale);
+    let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
+    // Row 0 of the sums is g_0 itself (its low part is 0).
+    let e0 = &mut *sc.first_decay;
+    e0.copy_from_slice(&bh[..kd]);
+    simd::exp_in_place(isa, e0);
+    let (fwd, back) = sc.exps.split_at_mut(kd);
+    let (qd, kd_) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
+    for r in 0..l {
+        let row = r * kd..(r + 1) * kd;
+        diff_row(fwd, bh, bl, r, 0, kd);
+        // A NaN fails too.
+        if !fwd.iter().fold(true, |ok, &t| ok & (t.abs() <= MAX_SPREAD)) {
+            return Ok(false);
+        }
+        simd::exp_in_place(isa, fwd);
+        for (o, &x) in back.iter_mut().zip(fwd.iter()) {
+            *o = 1.0 / x;
+        }
+        let outs = sc.qf[row.clone()]
+            .iter_mut()
+            .zip(&mut sc.kf[row.clone()])
+            .zip(&mut sc.k_to_end[row.clone()])
+            .zip(&mut qd[row.clone()])
+            .zip(&mut kd_[row]);
+        let ins = fwd.iter().zip(back.iter()).zip(e0.iter());
+        let qk = inp.q.row(r).iter().zip(inp.k.row(r));
+        for ((((((qf, kf), kb), qdec), kdec), ((&f, &bk), &e)), (&qv, &kv)) in outs.zip(ins).zip(qk)
+        {
+            *qf = qv * f;
+            *kf = kv * f;
+            *kb = kv * bk;
+            *qdec = scale * e * *qf;
+            *kdec = e * *kf;
+        }
+    }
+    // After the loop `fwd` holds e^{b_{l−1} − b_0}.
+    let kbt = &mut sc.k_hat_t[..kd * l];
+    simd::transpose(isa, l, kd, &sc.k_to_end[..l * kd], kd, kbt, l)?;
+    for ((dst, src), &f) in sc.k_to_end_t[..kd * l]
+        .chunks_exact_mut(l)
+        .zip(kbt.chunks_exact(l))
+        .zip(fwd.iter())
+    {
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = f * x;
+        }
+    }
+    mul_rows(sc.chunk_decay, e0, fwd);
+    Ok(true)
+}
+
+/// Step 3 of a tame chunk: `A_qk = scale·qf·kbᵀ` and `A_kk = kf·kbᵀ` over the whole chunk at
+/// once (no diagonal blocks), then scaled and cut like [`intra_chunk_matrices`].
+#[inline(always)]
+fn tame_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+    let (kd, l) = (inp.kd, inp.l);
+    let (aqk, nakk) = (&mut sc.a_qk[..l * l], &mut sc.neg_a_kk[..l * l]);
+    aqk.fill(0.0);
+    nakk.fill(0.0);
+    let kbt = &sc.k_hat_t[..kd * l];
+    simd::gemm_acc(isa, l, l, kd, &sc.qf[..l * kd], kd, kbt, l, aqk, l)?;
+    simd::gemm_acc(isa, l, l, kd, &sc.kf[..l * kd], kd, kbt, l, nakk, l)?;
+    scale_and_mask(inp, sc, 0, l);
+    Ok(())
+}
+
+/// Step 2 of a chunk that is not tame: row factors against the chunk start (`e^{b_r} ≤ 1`):
+/// the decayed queries and keys; against the chunk end, `k_to_end` (≤ 1) and its transpose;
+/// and the whole chunk's decay. Each factor is its own exponent (≤ 0).
 #[inline(always)]
 fn row_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
-    let (kd, l) = (inp.kd, inp.beta.len());
+    let (kd, l) = (inp.kd, inp.l);
     let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
-    let qg = &mut sc.q_decayed[..l * kd];
-    let kgam = &mut sc.k_decayed[..l * kd];
+    let (qg, kgam) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
     let kg = &mut sc.k_to_end[..l * kd];
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
-        for ((o, a), b) in qg[row.clone()]
-            .iter_mut()
-            .zip(&bh[row.clone()])
-            .zip(&bl[row.clone()])
-        {
+        let (qgr, kgr) = (&mut qg[row.clone()], &mut kg[row.clone()]);
+        for ((o, a), b) in qgr.iter_mut().zip(&bh[row.clone()]).zip(&bl[row.clone()]) {
             *o = a + b;
         }
-        diff_row(&mut kg[row.clone()], bh, bl, l - 1, r, kd);
-        simd::exp_in_place(isa, &mut qg[row.clone()]);
-        simd::exp_in_place(isa, &mut kg[row.clone()]);
-        let (qr, kr) = (&inp.q[row.clone()], &inp.k[row.clone()]);
-        for ((((qg, kgam), kg), &qv), &kv) in qg[row.clone()]
+        diff_row(kgr, bh, bl, l - 1, r, kd);
+        simd::exp_in_place(isa, qgr);
+        simd::exp_in_place(isa, kgr);
+        let (qr, kr) = (inp.q.row(r), inp.k.row(r));
+        for ((((qg, kgam), kg), &qv), &kv) in qgr
             .iter_mut()
-            .zip(&mut kgam[row.clone()])
-            .zip(&mut kg[row])
+            .zip(&mut kgam[row])
+            .zip(kgr.iter_mut())
             .zip(qr)
             .zip(kr)
         {
@@ -366,26 +726,24 @@ fn row_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), 
         }
     }
     simd::transpose(isa, l, kd, kg, kd, &mut sc.k_to_end_t[..kd * l], l)?;
+    let last = (l - 1) * kd..l * kd;
     let ex = &mut *sc.chunk_decay;
-    for ((o, a), b) in ex
-        .iter_mut()
-        .zip(&bh[(l - 1) * kd..])
-        .zip(&bl[(l - 1) * kd..])
-    {
+    for ((o, a), b) in ex.iter_mut().zip(&bh[last.clone()]).zip(&bl[last]) {
         *o = a + b;
     }
     simd::exp_in_place(isa, ex);
     Ok(())
 }
 
-/// Step 3: `A_qk` (scaled, `j ≤ i`) and `−A_kk` (β-scaled rows, `j < i`), by 16-row blocks.
+/// Step 3 of a chunk that is not tame: `A_qk` (scaled, `j ≤ i`) and `−A_kk` (β-scaled rows,
+/// `j < i`), by 16-row blocks.
 #[inline(always)]
 fn intra_chunk_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
-    let l = inp.beta.len();
+    let l = inp.l;
     sc.a_qk[..l * l].fill(0.0);
     sc.neg_a_kk[..l * l].fill(0.0);
     for (a0, a1) in sub_blocks(l) {
-        block_products(isa, inp, sc, a0, a1)?;
+        block_products(isa, inp, sc, (a0, a1))?;
         scale_and_mask(inp, sc, a0, a1);
     }
     Ok(())
@@ -399,27 +757,22 @@ fn block_products(
     isa: Isa,
     inp: &ChunkIn<'_>,
     sc: &mut Scratch<'_>,
-    a0: usize,
-    a1: usize,
+    (a0, a1): (usize, usize),
 ) -> Result<(), KdaError> {
-    let (q, k, kd, l) = (inp.q, inp.k, inp.kd, inp.beta.len());
+    let (q, k, kd, l) = (inp.q, inp.k, inp.kd, inp.l);
     let rows = a1 - a0;
     let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
-    let tmp = &mut sc.out[..kd];
-    diff_row(tmp, bh, bl, a0, a1 - 1, kd);
-    let spread = tmp
-        .iter()
-        .fold(0.0f32, |m, &s| if s > m || s.is_nan() { s } else { m });
-    let factorised = spread <= MAX_SPREAD;
+    let factorised = max_diff(bh, bl, a0, a1 - 1, kd) <= MAX_SPREAD;
     // Columns covered by the product: all earlier rows, plus this block when factorised.
     let cols = if factorised { a1 } else { a0 };
     let (qt, kt) = (&mut sc.q_block[..rows * kd], &mut sc.k_block[..rows * kd]);
     for i in a0..a1 {
-        let row = (i - a0) * kd..(i - a0 + 1) * kd;
-        diff_row(&mut qt[row.clone()], bh, bl, i, a0, kd);
-        simd::exp_in_place(isa, &mut qt[row.clone()]);
-        let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
-        for (((qt, kt), &qv), &kv) in qt[row.clone()].iter_mut().zip(&mut kt[row]).zip(qi).zip(ki) {
+        // e^{b_i − b_{a0}}
+        let rr = (i - a0) * kd..(i - a0 + 1) * kd;
+        diff_row(&mut qt[rr.clone()], bh, bl, i, a0, kd);
+        simd::exp_in_place(isa, &mut qt[rr.clone()]);
+        let (qi, ki) = (q.row(i), k.row(i));
+        for (((qt, kt), &qv), &kv) in qt[rr.clone()].iter_mut().zip(&mut kt[rr]).zip(qi).zip(ki) {
             let f = *qt;
             *qt = qv * f;
             *kt = kv * f;
@@ -430,10 +783,10 @@ fn block_products(
         // k̂ [cols, K]: k_j ⊙ e^{b_{a0} − b_j}, then transposed to [K, cols].
         let kh = &mut sc.k_to_end[..cols * kd];
         for j in 0..cols {
-            let row = &mut kh[j * kd..(j + 1) * kd];
-            diff_row(row, bh, bl, a0, j, kd);
-            simd::exp_in_place(isa, row);
-            for (o, &kv) in row.iter_mut().zip(&k[j * kd..(j + 1) * kd]) {
+            let khr = &mut kh[j * kd..(j + 1) * kd];
+            diff_row(khr, bh, bl, a0, j, kd);
+            simd::exp_in_place(isa, khr);
+            for (o, &kv) in khr.iter_mut().zip(k.row(j)) {
                 *o *= kv;
             }
         }
@@ -482,14 +835,16 @@ fn diagonal_per_pair(
     a0: usize,
     a1: usize,
 ) {
-    let (q, k, kd, l) = (inp.q, inp.k, inp.kd, inp.beta.len());
+    let (kd, l) = (inp.kd, inp.l);
     for i in a0..a1 {
+        let (qi, ki) = (inp.q.row(i), inp.k.row(i));
         for j in a0..=i {
+            let kj = inp.k.row(j);
             let (mut sq, mut sk) = (0.0f32, 0.0f32);
             for d in 0..kd {
                 let e = libm::expf(diff(bh, bl, i, j, d, kd));
-                sq += q[i * kd + d] * k[j * kd + d] * e;
-                sk += k[i * kd + d] * k[j * kd + d] * e;
+                sq += qi[d] * kj[d] * e;
+                sk += ki[d] * kj[d] * e;
             }
             aqk[i * l + j] = sq;
             nakk[i * l + j] = sk;
@@ -500,9 +855,9 @@ fn diagonal_per_pair(
 /// Rows `a0..a1`: `A_qk` scaled and cut to `j ≤ i`; `A_kk` times `−β_i` and cut to `j < i`.
 #[inline(always)]
 fn scale_and_mask(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>, a0: usize, a1: usize) {
-    let l = inp.beta.len();
+    let l = inp.l;
     for i in a0..a1 {
-        let nb = -inp.beta[i];
+        let nb = -inp.beta.at(i);
         let qa = &mut sc.a_qk[i * l..(i + 1) * l];
         let na = &mut sc.neg_a_kk[i * l..(i + 1) * l];
         for (j, (x, y)) in qa.iter_mut().zip(na.iter_mut()).enumerate() {
@@ -512,38 +867,42 @@ fn scale_and_mask(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>, a0: usize, a1: usize)
     }
 }
 
-/// Step 4: the right-hand side `R = diag(β)(V − k_decayed·S₀)`, then `Δ = (I + A_kk)⁻¹ R` by
-/// blockwise forward substitution, in place in `delta`.
+/// Step 4: both products with the initial state in one GEMM: `q_decayed·S₀` (the outputs'
+/// first term) and `k_decayed·S₀` (for the right-hand side), stacked in `out_delta`.
 #[inline(always)]
-fn innovations(
+fn state_products(
     isa: Isa,
     inp: &ChunkIn<'_>,
-    v_o: &[f32],
     state: &[f32],
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
-    let (kd, vd, l) = (inp.kd, inp.vd, inp.beta.len());
-    let r = &mut sc.delta[..l * vd];
-    let nakk = &sc.neg_a_kk[..l * l];
-    r.fill(0.0);
+    let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
+    let od = &mut sc.out_delta[..2 * l * vd];
+    od.fill(0.0);
     simd::gemm_acc(
         isa,
-        l,
+        2 * l,
         vd,
         kd,
-        &sc.k_decayed[..l * kd],
+        &sc.decayed[..2 * l * kd],
         kd,
         state,
         vd,
-        r,
+        od,
         vd,
-    )?;
-    for ((rr, vr), &b) in r
-        .chunks_exact_mut(vd)
-        .zip(v_o.chunks_exact(vd))
-        .zip(inp.beta)
-    {
-        for (x, &v) in rr.iter_mut().zip(vr) {
+    )
+}
+
+/// Step 5: the right-hand side `R = diag(β)(V − k_decayed·S₀)`, then `Δ = (I + A_kk)⁻¹ R` by
+/// blockwise forward substitution, in place.
+#[inline(always)]
+fn innovations(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+    let (vd, l) = (inp.vd, inp.l);
+    let r = &mut sc.out_delta[l * vd..2 * l * vd];
+    let nakk = &sc.neg_a_kk[..l * l];
+    for (i, rr) in r.chunks_exact_mut(vd).enumerate() {
+        let b = inp.beta.at(i);
+        for (x, &v) in rr.iter_mut().zip(inp.v.row(i)) {
             *x = b * (v - *x);
         }
     }
@@ -554,42 +913,51 @@ fn innovations(
         }
         for i in a0 + 1..a1 {
             let (done, cur) = r.split_at_mut(i * vd);
-            let cur = &mut cur[..vd];
-            for j in a0..i {
-                simd::axpy(isa, nakk[i * l + j], &done[j * vd..(j + 1) * vd], cur);
-            }
+            let coef = &nakk[i * l + a0..i * l + i];
+            accumulate_rows(&mut cur[..vd], coef, &done[a0 * vd..], vd);
         }
     }
     Ok(())
 }
 
-/// Step 5: `O = q_decayed·S₀ + A_qk·Δ`. `A_qk` is lower triangular, so each 16-row block uses
+/// Columns `accumulate_rows` keeps in registers at a time.
+const ACC_COLS: usize = 64;
+
+/// `cur += Σ_j coef[j] · rows[j]` over rows of `vd` (`rows` holds at least `coef.len()`), by
+/// blocks of [`ACC_COLS`] columns held in registers over all `j`: one load and one
+/// multiply-add per term instead of a load, multiply-add and store of `cur` per row.
+#[inline(always)]
+fn accumulate_rows(cur: &mut [f32], coef: &[f32], rows: &[f32], vd: usize) {
+    let mut c0 = 0;
+    while let Some(acc) = cur[c0..].first_chunk_mut::<ACC_COLS>() {
+        let mut sum = *acc;
+        for (&a, row) in coef.iter().zip(rows.chunks_exact(vd)) {
+            if let Some(x) = row[c0..].first_chunk::<ACC_COLS>() {
+                for (s, &x) in sum.iter_mut().zip(x) {
+                    *s += a * x;
+                }
+            }
+        }
+        *acc = sum;
+        c0 += ACC_COLS;
+    }
+    for (&a, row) in coef.iter().zip(rows.chunks_exact(vd)) {
+        for (s, &x) in cur[c0..].iter_mut().zip(&row[c0..]) {
+            *s += a * x;
+        }
+    }
+}
+
+/// Step 6: `O = q_decayed·S₀ + A_qk·Δ`. `A_qk` is lower triangular, so each 16-row block uses
 /// the columns up to its end in one GEMM; if `Δ` holds a NaN or ±∞, the diagonal blocks go
 /// row by row over `j ≤ i` instead, so that a bad token never reaches the rows before it
 /// (`0 · NaN` would).
 #[inline(always)]
-fn chunk_outputs(
-    isa: Isa,
-    inp: &ChunkIn<'_>,
-    state: &[f32],
-    sc: &mut Scratch<'_>,
-) -> Result<(), KdaError> {
-    let (kd, vd, l) = (inp.kd, inp.vd, inp.beta.len());
-    let (aqk, delta) = (&sc.a_qk[..l * l], &sc.delta[..l * vd]);
-    let o = &mut sc.out[..l * vd];
-    o.fill(0.0);
-    simd::gemm_acc(
-        isa,
-        l,
-        vd,
-        kd,
-        &sc.q_decayed[..l * kd],
-        kd,
-        state,
-        vd,
-        o,
-        vd,
-    )?;
+fn chunk_outputs(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+    let (vd, l) = (inp.vd, inp.l);
+    let aqk = &sc.a_qk[..l * l];
+    let (o, delta) = sc.out_delta[..2 * l * vd].split_at_mut(l * vd);
+    let delta = &*delta;
     let finite = all_finite(delta);
     for (a0, a1) in sub_blocks(l) {
         let cols = if finite { a1 } else { a0 };
@@ -626,7 +994,7 @@ fn all_finite(x: &[f32]) -> bool {
         .fold(false, |any, &v| any | (v.to_bits() & EXP == EXP))
 }
 
-/// Step 6: `S ← diag(e^{b_{l−1}}) S + k_to_endᵀ Δ`.
+/// Step 7: `S ← diag(e^{b_{l−1}}) S + k_to_endᵀ Δ`.
 #[inline(always)]
 fn update_state(
     isa: Isa,
@@ -634,25 +1002,21 @@ fn update_state(
     state: &mut [f32],
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
-    let (kd, vd, l) = (inp.kd, inp.vd, inp.beta.len());
-    for (row, &f) in state.chunks_exact_mut(vd).zip(sc.chunk_decay.iter()) {
-        for s in row {
-            *s *= f;
+    let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
+    let delta = &sc.out_delta[l * vd..2 * l * vd];
+    // 16 key rows at a time, so that the product finds them in L1 just scaled.
+    for d0 in (0..kd).step_by(SUB) {
+        let d1 = (d0 + SUB).min(kd);
+        let rows = &mut state[d0 * vd..d1 * vd];
+        for (row, &f) in rows.chunks_exact_mut(vd).zip(&sc.chunk_decay[d0..d1]) {
+            for s in row {
+                *s *= f;
+            }
         }
+        let kt = &sc.k_to_end_t[d0 * l..d1 * l];
+        simd::gemm_acc(isa, d1 - d0, vd, l, kt, l, delta, vd, rows, vd)?;
     }
-    let delta = &sc.delta[..l * vd];
-    simd::gemm_acc(
-        isa,
-        kd,
-        vd,
-        l,
-        &sc.k_to_end_t[..kd * l],
-        l,
-        delta,
-        vd,
-        state,
-        vd,
-    )
+    Ok(())
 }
 
 #[cfg(test)]
@@ -847,6 +1211,144 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `x` `[T, dim]` as head `h` of a `[T, heads, dim]` buffer (the other heads hold junk).
+    fn as_head(x: &[f32], dim: usize, heads: usize, h: usize) -> Vec<f32> {
+        let t = x.len() / dim;
+        let mut out = std::vec![f32::NAN; t * heads * dim];
+        for (r, row) in x.chunks_exact(dim).enumerate() {
+            out[(r * heads + h) * dim..][..dim].copy_from_slice(row);
+        }
+        out
+    }
+
+    /// Rows read in place out of `[T, H, ·]` buffers give bit for bit the outputs and state of
+    /// the contiguous call, handed over chunk by chunk in order, on every path and chunk grid.
+    #[test]
+    fn strided_rows_equal_contiguous_rows() {
+        let (t, kd, vd, heads, h) = (50usize, 16usize, 24usize, 3usize, 1usize);
+        for gate in 0..3u8 {
+            let c = case(t, kd, vd, gate, 5 + gate as u64);
+            let (q, k, g) = (
+                as_head(&c.q, kd, heads, h),
+                as_head(&c.k, kd, heads, h),
+                as_head(&c.g, kd, heads, h),
+            );
+            let (v, beta) = (as_head(&c.v, vd, heads, h), as_head(&c.beta, 1, heads, h));
+            fn rows(x: &[f32], dim: usize, heads: usize, h: usize) -> StridedRows<'_> {
+                StridedRows {
+                    data: &x[h * dim..],
+                    dim,
+                    stride: heads * dim,
+                }
+            }
+            for isa in Isa::all_supported() {
+                for chunks in [
+                    Chunks::of(16),
+                    Chunks { size: 16, first: 5 },
+                    Chunks::of(64),
+                ] {
+                    let (want_o, want_s) = chunked(&c, kd, vd, chunks, isa);
+                    let mut scr = std::vec![0.0; chunked_scratch_len(chunks.size, kd, vd)];
+                    let mut state = c.s0.clone();
+                    let head = StridedHead {
+                        tokens: t,
+                        q: rows(&q, kd, heads, h),
+                        k: rows(&k, kd, heads, h),
+                        g: rows(&g, kd, heads, h),
+                        beta: rows(&beta, 1, heads, h),
+                        v: rows(&v, vd, heads, h),
+                        state: &mut state,
+                        scale: 1.0 / (kd as f32).sqrt(),
+                    };
+                    let mut o = Vec::new();
+                    chunked_head_strided(isa, head, chunks, &mut scr, |t0, rows| {
+                        assert_eq!(t0 * vd, o.len(), "chunks out of order");
+                        assert_eq!(rows.len() % vd, 0);
+                        o.extend_from_slice(rows);
+                    })
+                    .unwrap();
+                    assert_eq!(o, want_o, "{isa:?} gate {gate} {chunks:?}");
+                    assert_eq!(state, want_s, "{isa:?} gate {gate} {chunks:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_bad_arguments_are_errors() {
+        let c = case(4, 8, 8, 0, 1);
+        let rows = |x| StridedRows::contiguous(x, 8);
+        let mut scr = std::vec![0.0; chunked_scratch_len(16, 8, 8)];
+        let mut run = |tokens: usize, q: StridedRows<'_>, beta: StridedRows<'_>, state_len| {
+            let mut state = std::vec![0.0; state_len];
+            let head = StridedHead {
+                tokens,
+                q,
+                k: rows(&c.k),
+                g: rows(&c.g),
+                beta,
+                v: rows(&c.v),
+                state: &mut state,
+                scale: 1.0,
+            };
+            let mut calls = 0;
+            let r = chunked_head_strided(Isa::Portable, head, Chunks::of(16), &mut scr, |_, _| {
+                calls += 1
+            });
+            (r, calls)
+        };
+        let beta = StridedRows::contiguous(&c.beta, 1);
+        assert_eq!(run(4, rows(&c.q), beta, 64), (Ok(()), 1));
+        // No tokens: nothing runs, nothing is handed out.
+        assert_eq!(run(0, rows(&c.q), beta, 64), (Ok(()), 0));
+        let e = run(5, rows(&c.q), beta, 64).0;
+        assert!(
+            matches!(e, Err(KdaError::TooSmall { arg: "q", .. })),
+            "{e:?}"
+        );
+        let narrow = StridedRows {
+            stride: 4,
+            ..rows(&c.q)
+        };
+        let e = run(4, narrow, beta, 64).0;
+        assert!(
+            matches!(
+                e,
+                Err(KdaError::Config {
+                    field: "stride",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let short_k = StridedRows::contiguous(&c.q, 4);
+        let e = run(4, short_k, beta, 64).0;
+        assert!(matches!(e, Err(KdaError::Shape { arg: "k", .. })), "{e:?}");
+        let e = run(4, rows(&c.q), StridedRows::contiguous(&c.beta, 2), 64).0;
+        assert!(
+            matches!(e, Err(KdaError::Shape { arg: "beta", .. })),
+            "{e:?}"
+        );
+        let e = run(4, rows(&c.q), beta, 63).0;
+        assert!(
+            matches!(e, Err(KdaError::Length { arg: "state", .. })),
+            "{e:?}"
+        );
+    }
+
+    /// A prefetch hint past the end of the rows stops at the last row that fits.
+    #[test]
+    fn prefetch_stays_inside_the_rows() {
+        let x = [1.0f32; 10];
+        let rows = StridedRows {
+            data: &x[2..],
+            dim: 3,
+            stride: 4,
+        };
+        rows.prefetch(100);
+        StridedRows::contiguous(&[], 1).prefetch(3);
     }
 
     #[test]
