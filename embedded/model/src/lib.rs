@@ -126,7 +126,7 @@ pub const STATE: usize = HEADS * HEAD_DIM * HEAD_DIM;
 pub const CONV_STATE: usize = D * (CONV - 1);
 /// f32 workspace of the float runs (a prefill block of [`T_PREFILL`] tokens, chunked; checked
 /// against `forward_workspace_len` at run time).
-pub const WS_F32: usize = 4848;
+pub const WS_F32: usize = 5408;
 /// i32 workspace of the integer run (`fixed_workspace_len`).
 pub const WS_FIXED: usize = 194;
 /// i32 parameters of the integer run (`fixed::params_len`).

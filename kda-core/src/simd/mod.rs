@@ -25,12 +25,22 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+// Without a vector ISA (Cortex-M, other targets) only the reference loops run: the generic
+// kernels, the trait and the arguments only the ISA arms of `dispatch!` read are unused there.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64", test)),
+    allow(dead_code, unused_macros, unused_imports)
+)]
 mod kernels;
 #[cfg(test)]
 mod lanes;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod portable;
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64", test)),
+    allow(dead_code)
+)]
 mod vector;
 
 use half::bf16;
@@ -524,6 +534,7 @@ pub fn softplus_scaled(isa: impl Into<Path>, x: &mut [f32], c: f32) {
 /// path's widest loads and, when `prefetch`, software prefetch: the read-bandwidth probe of
 /// the benchmarks (its summation order is the path's; not for numerics).
 pub fn read_sum(isa: impl Into<Path>, data: &[f32], streams: usize, prefetch: bool) -> f32 {
+    let _ = prefetch; // read only by the vector arms
     dispatch!(
         isa,
         read_sum(data, streams, prefetch),
@@ -602,6 +613,7 @@ pub fn gemm_acc(
         ldc,
         k,
     };
+    let _ = &g; // read only by the vector arms (none on targets without a vector ISA)
     dispatch!(
         isa,
         gemm_acc(m, n, &g),
