@@ -231,6 +231,18 @@ fn store(
     first: usize,
     vals: &[f32],
 ) -> Result<(), KdaError> {
+    if let ([v], Post::None) = (vals, post.post) {
+        // One output and nothing to apply (kernels that store one output at a time, e.g.
+        // int8 weights): straight to its place.
+        // SAFETY: tiles of different tasks cover different output rows, and every layout
+        // maps distinct (t, o) to distinct indices; only this task writes output `first` of
+        // token `t`.
+        unsafe {
+            p.out
+                .write("projection output", p.layout.index(t, first), *v)?
+        };
+        return Ok(());
+    }
     if p.layout.contiguous(first, vals.len()) {
         // SAFETY: tiles of different tasks cover different output rows, and every layout
         // maps distinct (t, o) to distinct indices; the range covers outputs
