@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-pub use kda_core::ops::chunked::StridedRows;
-use kda_core::ops::chunked::{Chunks, StridedHead};
+use kda_core::ops::chunked::Chunks;
+pub use kda_core::ops::chunked::{StridedHead, StridedRows};
 use kda_core::ops::{chunked, gate, norm, recurrent, HeadRows};
 use kda_core::weights::Data;
 use kda_core::DecayGate;
@@ -145,45 +145,15 @@ pub fn chunked_head(
     chunked::chunked_head(isa, t.rows(scale), Chunks::of(chunk), scratch).map_err(msg)
 }
 
-/// One head of one sequence read in place out of larger tensors (e.g. `[T, H, K]`): `q`, `k`,
-/// `g` rows of `K`, `beta` rows of 1, `v` rows of `V`, `tokens` rows each.
-pub struct HeadView<'a> {
-    /// Tokens.
-    pub tokens: usize,
-    /// Queries.
-    pub q: StridedRows<'a>,
-    /// Keys.
-    pub k: StridedRows<'a>,
-    /// Log decays.
-    pub g: StridedRows<'a>,
-    /// Betas.
-    pub beta: StridedRows<'a>,
-    /// Values.
-    pub v: StridedRows<'a>,
-    /// State `[K, V]`, K-first: initial in, final out.
-    pub state: &'a mut [f32],
-}
-
 /// [`chunked_head`] reading the inputs in place (no gathering), the outputs handed to `out`
 /// chunk by chunk: `out(t0, o)`, `o` the `[l, V]` outputs of tokens `t0..t0 + l`.
 pub fn chunked_head_view(
     isa: Isa,
-    h: HeadView<'_>,
-    scale: f32,
+    head: StridedHead<'_>,
     chunk: usize,
     scratch: &mut [f32],
     out: impl FnMut(usize, &[f32]),
 ) -> CoreResult<()> {
-    let head = StridedHead {
-        tokens: h.tokens,
-        q: h.q,
-        k: h.k,
-        g: h.g,
-        beta: h.beta,
-        v: h.v,
-        state: h.state,
-        scale,
-    };
     chunked::chunked_head_strided(isa, head, Chunks::of(chunk), scratch, out).map_err(msg)
 }
 

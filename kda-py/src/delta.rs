@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use crate::core_api::{self, CoreResult, GateForm, HeadTask, HeadView, StridedRows};
+use crate::core_api::{self, CoreResult, GateForm, HeadTask, StridedHead, StridedRows};
 
 /// Tensor sizes of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,10 +355,10 @@ fn head_view<'s>(
     (t0, t1): (usize, usize),
     hv: usize,
     state: &'s mut [f32],
-) -> HeadView<'s> {
+) -> StridedHead<'s> {
     let (d, x) = (c.d, c.x);
     let h = hv / (d.v_heads / d.heads);
-    HeadView {
+    StridedHead {
         tokens: t1 - t0,
         q: head_rows(x.q, t0, d.heads, h, d.k),
         k: head_rows(x.k, t0, d.heads, h, d.k),
@@ -366,6 +366,7 @@ fn head_view<'s>(
         beta: head_rows(x.beta, t0, d.v_heads, hv, 1),
         v: head_rows(x.v, t0, d.v_heads, hv, d.v),
         state,
+        scale: c.f.scale,
     }
 }
 
@@ -386,7 +387,7 @@ fn run_in_place(
         return Ok(());
     }
     let view = head_view(c, (t0, t1), hv, state);
-    core_api::chunked_head_view(c.isa, view, c.f.scale, chunk, scratch, |j0, o| {
+    core_api::chunked_head_view(c.isa, view, chunk, scratch, |j0, o| {
         for (j, row) in o.chunks_exact(d.v).enumerate() {
             sink.row(j0 + j).copy_from_slice(row);
         }
@@ -506,25 +507,18 @@ fn run_serial_grouped(
                 for (hv, st) in (g0..g1).zip(states.chunks_exact_mut(kv)) {
                     // The next head's rows (the group's first head's of the next chunk after
                     // the last head) are fetched while this one runs.
-                    match hv + 1 < g1 {
-                        true => prefetch_head(c, (b0, b1), hv + 1),
-                        false if b1 < t1 => prefetch_head(c, (b1, (b1 + chunk).min(t1)), g0),
-                        false => {}
+                    if hv + 1 < g1 {
+                        prefetch_head(c, (b0, b1), hv + 1);
+                    } else if b1 < t1 {
+                        prefetch_head(c, (b1, (b1 + chunk).min(t1)), g0);
                     }
                     let view = head_view(c, (b0, b1), hv, st);
-                    core_api::chunked_head_view(
-                        c.isa,
-                        view,
-                        c.f.scale,
-                        chunk,
-                        &mut scratch,
-                        |j0, rows| {
-                            for (j, row) in rows.chunks_exact(d.v).enumerate() {
-                                let at = ((b0 + j0 + j) * d.v_heads + hv) * d.v;
-                                o[at..at + d.v].copy_from_slice(row);
-                            }
-                        },
-                    )?;
+                    core_api::chunked_head_view(c.isa, view, chunk, &mut scratch, |j0, rows| {
+                        for (j, row) in rows.chunks_exact(d.v).enumerate() {
+                            let at = ((b0 + j0 + j) * d.v_heads + hv) * d.v;
+                            o[at..at + d.v].copy_from_slice(row);
+                        }
+                    })?;
                 }
                 b0 = b1;
             }

@@ -212,6 +212,22 @@ mod tests {
         [x, wt, st]
     }
 
+    /// The vector conv on `path` over `x` (initial state `st0`) in calls of `piece` values
+    /// (whole tokens): `[outputs, final state]`.
+    fn conv_run(
+        path: crate::simd::Path,
+        (x, st0): (&[f32], &[f32]),
+        d: usize,
+        weight: Data<'_>,
+        piece: usize,
+    ) -> [Vec<f32>; 2] {
+        let (mut y, mut st) = (x.to_vec(), st0.to_vec());
+        for part in y.chunks_mut(piece) {
+            assert!(crate::simd::short_conv(path, part, d, weight, &mut st));
+        }
+        [y, st]
+    }
+
     /// Every vector path: the plain lanes at 4/8/16 give the reference loops' bits; the ISAs
     /// this CPU has are within rounding; on each path, prefill in pieces and token by token
     /// give the same bits as one call.
@@ -252,51 +268,22 @@ mod tests {
                         );
                     }
                 }
-                // Token by token: the same bits as the one call, outputs and state.
-                let (mut y1, mut st1) = (x.clone(), st0.clone());
-                for row in y1.chunks_exact_mut(d) {
-                    assert!(crate::simd::short_conv(
-                        path,
-                        row,
-                        d,
-                        Data::F32(&wt),
-                        &mut st1
-                    ));
-                }
-                assert!(y1
-                    .iter()
-                    .zip(&y)
-                    .chain(st1.iter().zip(&st))
-                    .all(|(a, b)| a.to_bits() == b.to_bits()));
-                // bf16 weights (the one-token path reads them in their own type): token by
-                // token equals the one call.
+                // Token by token: the same bits as the one call, outputs and state; also with
+                // bf16 weights (the one-token path reads them in their own type).
                 let wb: std::vec::Vec<half::bf16> =
                     wt.iter().map(|&v| half::bf16::from_f32(v)).collect();
-                let (mut yb, mut stb) = (x.clone(), st0.clone());
-                assert!(crate::simd::short_conv(
-                    path,
-                    &mut yb,
-                    d,
-                    Data::Bf16(&wb),
-                    &mut stb
-                ));
-                let (mut yt, mut stt) = (x.clone(), st0.clone());
-                for row in yt.chunks_exact_mut(d) {
-                    assert!(crate::simd::short_conv(
-                        path,
-                        row,
-                        d,
-                        Data::Bf16(&wb),
-                        &mut stt
-                    ));
+                for weight in [Data::F32(&wt), Data::Bf16(&wb)] {
+                    let whole = conv_run(path, (&x, &st0), d, weight, x.len());
+                    let steps = conv_run(path, (&x, &st0), d, weight, d);
+                    assert!(
+                        steps
+                            .iter()
+                            .flatten()
+                            .zip(whole.iter().flatten())
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{path:?} d={d} w={w} {weight:?}"
+                    );
                 }
-                assert!(
-                    yt.iter()
-                        .zip(&yb)
-                        .chain(stt.iter().zip(&stb))
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{path:?} d={d} w={w} bf16"
-                );
             }
         }
     }

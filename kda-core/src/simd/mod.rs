@@ -902,26 +902,17 @@ mod tests {
             }
         };
         let (al, c) = (lanes(a), s.splat(0.375));
-        same(
-            s.mul_add_lane::<0>(a, b, c),
-            s.mul_add(s.splat(al[0]), b, c),
-            "lane 0",
-        );
-        same(
-            s.mul_add_lane::<1>(a, b, c),
-            s.mul_add(s.splat(al[1]), b, c),
-            "lane 1",
-        );
-        same(
-            s.mul_add_lane::<2>(a, b, c),
-            s.mul_add(s.splat(al[2]), b, c),
-            "lane 2",
-        );
-        same(
-            s.mul_add_lane::<3>(a, b, c),
-            s.mul_add(s.splat(al[3]), b, c),
-            "lane 3",
-        );
+        // The lane is a const parameter: one call per lane.
+        macro_rules! lane {
+            ($($j:literal),*) => {$(
+                same(
+                    s.mul_add_lane::<$j>(a, b, c),
+                    s.mul_add(s.splat(al[$j]), b, c),
+                    concat!("lane ", $j),
+                );
+            )*};
+        }
+        lane!(0, 1, 2, 3);
         if wide.len() >= 2 * l {
             let (lo, hi) = s.load_bf16_pair(wide.as_ptr());
             same(lo, s.load_bf16(wide.as_ptr()), "bf16 pair, first");
