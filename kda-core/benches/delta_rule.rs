@@ -2,6 +2,8 @@
 //! one thread, T ∈ {256, 1024, 4096}, next to this CPU's single-core f32 FMA peak measured in
 //! the same run.
 //!
+//! Also the chunked form's small GEMMs at their shapes (`chunk_gemm_C16`).
+//!
 //! Work unit: 4·K·V FMAs per token (decay, predict, write, read), whatever the algorithm does;
 //! criterion's "elem/s" is therefore FMA/s and comparable with the peak group's.
 
@@ -9,6 +11,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kda_core::internals::gemm_acc;
 use kda_core::ops::chunked::{chunked_head, chunked_scratch_len, Chunks};
 use kda_core::ops::recurrent::{recurrent_head, recurrent_scratch_len};
 use kda_core::ops::HeadRows;
@@ -118,8 +121,29 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
+    chunk_gemms(c, isa);
     summary(isa);
     decode_recurrence(isa);
+}
+
+/// The small GEMMs of one chunk at C = 16, K = V = 128 (about 70 % of the chunked form's
+/// time): criterion's "elem/s" is FMA/s, comparable with the peak group's.
+fn chunk_gemms(c: &mut Criterion, isa: Isa) {
+    let mut g = c.benchmark_group("chunk_gemm_C16");
+    for (name, (m, n, k)) in [
+        ("state_products_32x128x128", (32usize, 128usize, 128usize)),
+        ("state_update_16x128x16", (16, 128, 16)),
+        ("intra_chunk_16x16x128", (16, 16, 128)),
+    ] {
+        let a = vec![0.01f32; m * k];
+        let b = vec![0.02f32; k * n];
+        let mut out = vec![0.0f32; m * n];
+        g.throughput(Throughput::Elements((m * n * k) as u64));
+        g.bench_function(name, |bch| {
+            bch.iter(|| gemm_acc(isa, m, n, k, &a, k, &b, n, black_box(&mut out), n).unwrap())
+        });
+    }
+    g.finish();
 }
 
 /// Plain-timer summary in one place: ratios against the peak and the recurrence.

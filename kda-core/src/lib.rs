@@ -94,6 +94,7 @@ pub use weights::{pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef
 #[doc(hidden)]
 pub mod internals {
     pub use crate::ops::linear::{project_scratch_len, project_tile, PROJECT_SCRATCH};
+    pub use crate::simd::gemm_acc;
 
     /// The sum of `data` read as `streams` interleaved regions with `isa`'s widest loads
     /// (and software prefetch when asked): the benchmarks' read-bandwidth probe.

@@ -390,7 +390,11 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
 }
 
 /// All `m` rows of one column panel `NV` vectors wide: blocks of [`Simd::GEMM_ROWS`], then
-/// blocks of 6, then the remainder.
+/// blocks of 6, then the rest. A rest of 1 to 3 rows is merged with the last 6-row block and
+/// split as evenly as it goes (7 = 4 + 3, 8 = 4 + 4, 9 = 5 + 4): a block of 2 rows has too few
+/// independent accumulators to hide the FMA latency (m = 32, the chunked form's state products
+/// at chunk 16, was 6·5 + 2 and is now 6·4 + 4 + 4). The block shape never changes a result:
+/// every element is its own chain over `p`.
 #[inline(always)]
 unsafe fn gemm_panel<S: Simd, const NV: usize>(s: S, m: usize, j: usize, g: &Gemm) {
     let mut i = 0;
@@ -400,11 +404,30 @@ unsafe fn gemm_panel<S: Simd, const NV: usize>(s: S, m: usize, j: usize, g: &Gem
             i += 12;
         }
     }
-    while i + 6 <= m {
+    let rest = (m - i) % 6;
+    let sixes = (m - i) / 6;
+    let merged = if (1..=3).contains(&rest) && sixes > 0 {
+        6 + rest
+    } else {
+        rest
+    };
+    while i + merged + 6 <= m {
         gemm_block::<S, 6, NV>(s, i, j, g);
         i += 6;
     }
-    match m - i {
+    if merged > 6 {
+        let first = merged - merged / 2;
+        gemm_rows::<S, NV>(s, first, i, j, g);
+        i += first;
+    }
+    gemm_rows::<S, NV>(s, m - i, i, j, g);
+}
+
+/// One block of `rows` (at most 6) rows.
+#[inline(always)]
+unsafe fn gemm_rows<S: Simd, const NV: usize>(s: S, rows: usize, i: usize, j: usize, g: &Gemm) {
+    match rows {
+        6 => gemm_block::<S, 6, NV>(s, i, j, g),
         5 => gemm_block::<S, 5, NV>(s, i, j, g),
         4 => gemm_block::<S, 4, NV>(s, i, j, g),
         3 => gemm_block::<S, 3, NV>(s, i, j, g),

@@ -1244,6 +1244,33 @@ mod tests {
         }
     }
 
+    /// Every row count from 1 to 40 (the 12-, 6- and merged 4/5-row splits): the whole GEMM
+    /// equals one call per row, bitwise, so each row is covered once and the blocking changes
+    /// nothing.
+    #[test]
+    fn gemm_row_blocks_cover_every_row_bitwise() {
+        for isa in test_paths() {
+            let (n, k) = (40, 19);
+            let b = rnd(k * n, 5);
+            for m in 1..=40 {
+                let a = rnd(m * k, 6);
+                let c0 = rnd(m * n, 7);
+                let mut whole = c0.clone();
+                assert!(gemm_acc(isa, m, n, k, &a, k, &b, n, &mut whole, n).is_ok());
+                let mut by_row = c0.clone();
+                for (ar, cr) in a.chunks_exact(k).zip(by_row.chunks_exact_mut(n)) {
+                    assert!(gemm_acc(isa, 1, n, k, ar, k, &b, n, cr, n).is_ok());
+                }
+                let same = whole
+                    .iter()
+                    .zip(&by_row)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{isa:?} m = {m}");
+                assert_ne!(whole, c0, "{isa:?} m = {m}: nothing accumulated");
+            }
+        }
+    }
+
     #[test]
     fn gemm_matches_triple_loop() {
         for isa in test_paths() {
