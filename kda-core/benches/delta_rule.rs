@@ -140,7 +140,9 @@ fn chunk_gemms(c: &mut Criterion, isa: Isa) {
         let mut out = vec![0.0f32; m * n];
         g.throughput(Throughput::Elements((m * n * k) as u64));
         g.bench_function(name, |bch| {
-            bch.iter(|| gemm_acc(isa, m, n, k, &a, k, &b, n, black_box(&mut out), n).unwrap())
+            bch.iter(|| {
+                gemm_acc(isa, (m, n, k), (&a, k), (&b, n), (black_box(&mut out), n)).unwrap()
+            })
         });
     }
     g.finish();

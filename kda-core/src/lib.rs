@@ -94,7 +94,18 @@ pub use weights::{pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef
 #[doc(hidden)]
 pub mod internals {
     pub use crate::ops::linear::{project_scratch_len, project_tile, PROJECT_SCRATCH};
-    pub use crate::simd::gemm_acc;
+
+    /// `C[m×n] += A[m×k]·B[k×n]` (row-major, each operand with its leading dimension) on
+    /// `isa`: the small GEMM of the chunked form.
+    pub fn gemm_acc(
+        isa: crate::Isa,
+        shape: (usize, usize, usize),
+        a: (&[f32], usize),
+        b: (&[f32], usize),
+        c: (&mut [f32], usize),
+    ) -> Result<(), crate::KdaError> {
+        crate::simd::gemm(isa, crate::simd::CStart::Keep, shape, a, b, c)
+    }
 
     /// The sum of `data` read as `streams` interleaved regions with `isa`'s widest loads
     /// (and software prefetch when asked): the benchmarks' read-bandwidth probe.

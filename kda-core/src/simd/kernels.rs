@@ -352,6 +352,17 @@ pub(crate) struct Gemm {
     pub ldc: usize,
     /// The reduction length.
     pub k: usize,
+    /// How each block's accumulators start.
+    pub c_start: CInit,
+}
+
+/// How a GEMM block's accumulators start: from `C`, from zero, or from `C`'s rows times
+/// per-row factors (`[m]`, one multiply per element, as a separate pass would do).
+#[derive(Clone, Copy)]
+pub(crate) enum CInit {
+    Load,
+    Zero,
+    LoadScaled(*const f32),
 }
 
 /// One `MR`-row × `NV` vectors register block of `C += A·B` at rows `i`, columns `j`: each
@@ -364,9 +375,19 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
     g: &Gemm,
 ) {
     let mut acc = [[s.splat(0.0); NV]; MR];
-    for (r, acc) in acc.iter_mut().enumerate() {
-        for (v, acc) in acc.iter_mut().enumerate() {
-            *acc = s.load(g.c.add((i + r) * g.ldc + j + v * S::LANES));
+    if !matches!(g.c_start, CInit::Zero) {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (v, acc) in acc.iter_mut().enumerate() {
+                *acc = s.load(g.c.add((i + r) * g.ldc + j + v * S::LANES));
+            }
+        }
+    }
+    if let CInit::LoadScaled(f) = g.c_start {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let fr = s.splat(*f.add(i + r));
+            for acc in acc.iter_mut() {
+                *acc = s.mul(*acc, fr);
+            }
         }
     }
     for p in 0..g.k {
@@ -461,7 +482,11 @@ pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     for jj in j..n {
         for i in 0..m {
             let c = g.c.add(i * g.ldc + jj);
-            let mut acc = *c;
+            let mut acc = match g.c_start {
+                CInit::Load => *c,
+                CInit::Zero => 0.0,
+                CInit::LoadScaled(f) => *c * *f.add(i),
+            };
             for p in 0..g.k {
                 acc += *g.a.add(i * g.lda + p) * *g.b.add(p * g.ldb + jj);
             }

@@ -579,6 +579,18 @@ fn fits(len: usize, rows: usize, ld: usize, cols: usize) -> bool {
             .is_some_and(|need| need <= len)
 }
 
+/// What `C` holds before a GEMM adds `A·B` to it (see [`gemm`]).
+#[derive(Clone, Copy, Debug)]
+pub enum CStart<'a> {
+    /// `C` as it is: `C += A·B`.
+    Keep,
+    /// Zero: `C = A·B` (`C` is only written).
+    Zero,
+    /// Each row `i` of `C` times `rows[i]` first: `C = diag(rows)·C + A·B`, bitwise the same
+    /// as scaling the rows in a pass of their own and then accumulating.
+    ScaledRows(&'a [f32]),
+}
+
 /// `C[m×n] += A[m×k] · B[k×n]`, all row-major with leading dimensions `lda`, `ldb`, `ldc`.
 ///
 /// If a slice is too short for the shape (an internal bug), nothing is computed and an
@@ -598,11 +610,39 @@ pub fn gemm_acc(
     c: &mut [f32],
     ldc: usize,
 ) -> Result<(), KdaError> {
-    if m == 0 || n == 0 || k == 0 {
+    gemm(isa, CStart::Keep, (m, n, k), (a, lda), (b, ldb), (c, ldc))
+}
+
+/// `C[m×n] = start(C) + A[m×k] · B[k×n]` (see [`CStart`]), all row-major; each operand is
+/// given with its leading dimension. Every element is one chain over the reduction in order,
+/// from its start value, whatever the blocking. A slice too short for the shape (an internal
+/// bug) is an [`KdaError::Internal`] error, with nothing computed.
+#[inline]
+pub fn gemm(
+    isa: impl Into<Path>,
+    start: CStart<'_>,
+    (m, n, k): (usize, usize, usize),
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
+) -> Result<(), KdaError> {
+    if m == 0 || n == 0 {
         return Ok(());
     }
-    if !(fits(a.len(), m, lda, k) && fits(b.len(), k, ldb, n) && fits(c.len(), m, ldc, n)) {
-        return bad("simd::gemm_acc arguments");
+    if !(fits(c.len(), m, ldc, n)
+        && (k == 0 || fits(a.len(), m, lda, k) && fits(b.len(), k, ldb, n)))
+    {
+        return bad("simd::gemm arguments");
+    }
+    let c_start = match start {
+        CStart::Keep => kernels::CInit::Load,
+        CStart::Zero => kernels::CInit::Zero,
+        CStart::ScaledRows(f) if f.len() >= m => kernels::CInit::LoadScaled(f.as_ptr()),
+        CStart::ScaledRows(_) => return bad("simd::gemm row scales"),
+    };
+    if k == 0 {
+        portable::start_c(start, m, n, c, ldc);
+        return Ok(());
     }
     let g = Gemm {
         a: a.as_ptr(),
@@ -612,13 +652,13 @@ pub fn gemm_acc(
         c: c.as_mut_ptr(),
         ldc,
         k,
+        c_start,
     };
     let _ = &g; // read only by the vector arms (none on targets without a vector ISA)
-    dispatch!(
-        isa,
-        gemm_acc(m, n, &g),
+    dispatch!(isa, gemm_acc(m, n, &g), {
+        portable::start_c(start, m, n, c, ldc);
         portable::gemm_acc(m, n, k, a, lda, b, ldb, c, ldc)
-    );
+    });
     Ok(())
 }
 
@@ -1267,6 +1307,61 @@ mod tests {
                     .all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{isa:?} m = {m}");
                 assert_ne!(whole, c0, "{isa:?} m = {m}: nothing accumulated");
+            }
+        }
+    }
+
+    /// `Zero` and `ScaledRows` starts equal a separate fill / scaling pass followed by
+    /// `gemm_acc`, bitwise, on every path (column tails and an empty reduction included).
+    #[test]
+    fn gemm_starts_equal_a_separate_pass_bitwise() {
+        for isa in test_paths() {
+            for &(m, n, k) in &[
+                (16usize, 128usize, 16usize),
+                (7, 37, 5),
+                (32, 20, 1),
+                (5, 9, 0),
+            ] {
+                let (lda, ldb, ldc) = (k + 1, n + 2, n + 3);
+                let a = rnd(m * lda, 21);
+                let b = rnd(k * ldb, 22);
+                let c0 = rnd(m * ldc, 23);
+                let f = rnd(m, 24);
+                for start in [CStart::Zero, CStart::ScaledRows(&f)] {
+                    let mut fused = c0.clone();
+                    let r = gemm(
+                        isa,
+                        start,
+                        (m, n, k),
+                        (&a, lda),
+                        (&b, ldb),
+                        (&mut fused, ldc),
+                    );
+                    assert!(r.is_ok());
+                    let mut apart = c0.clone();
+                    for (i, row) in apart.chunks_exact_mut(ldc).enumerate() {
+                        for x in &mut row[..n] {
+                            *x = if let CStart::ScaledRows(f) = start {
+                                *x * f[i]
+                            } else {
+                                0.0
+                            };
+                        }
+                    }
+                    if k > 0 {
+                        let r = gemm_acc(isa, m, n, k, &a, lda, &b, ldb, &mut apart, ldc);
+                        assert!(r.is_ok());
+                    }
+                    let same = fused
+                        .iter()
+                        .zip(&apart)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{isa:?} {start:?} {m}x{n}x{k}");
+                }
+                let short = CStart::ScaledRows(&f[..m - 1]);
+                let mut c = c0.clone();
+                let r = gemm(isa, short, (m, n, k), (&a, lda), (&b, ldb), (&mut c, ldc));
+                assert!(r.is_err() && c == c0, "{isa:?}: too few row scales");
             }
         }
     }

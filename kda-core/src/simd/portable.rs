@@ -69,6 +69,18 @@ pub(super) fn softplus_scaled(x: &mut [f32], c: f32) {
     }
 }
 
+/// Sets `C` to its start value (see [`super::CStart`]) in a pass of its own.
+pub(super) fn start_c(start: super::CStart<'_>, m: usize, n: usize, c: &mut [f32], ldc: usize) {
+    for i in 0..m {
+        let row = &mut c[i * ldc..i * ldc + n];
+        match start {
+            super::CStart::Keep => {}
+            super::CStart::Zero => row.fill(0.0),
+            super::CStart::ScaledRows(f) => row.iter_mut().for_each(|x| *x *= f[i]),
+        }
+    }
+}
+
 // BLAS-style: the shape (m, n, k) and three matrices with their leading dimensions.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_acc(
