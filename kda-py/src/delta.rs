@@ -334,18 +334,23 @@ fn initial_state(c: &Ctx<'_, '_>, n: usize, hv: usize, state: &mut [f32]) {
     }
 }
 
-/// Hints the caches to fetch the input rows of tokens `t0..t1` (`t0 < t1`) of value head `hv`.
-fn prefetch_head(c: &Ctx<'_, '_>, (t0, t1): (usize, usize), hv: usize) {
+/// The input rows `[q, k, g, beta, v]` of value head `hv` from token `t0` on, in place.
+fn head_inputs<'a>(c: &Ctx<'_, 'a>, t0: usize, hv: usize) -> [StridedRows<'a>; 5] {
     let (d, x) = (c.d, c.x);
     let h = hv / (d.v_heads / d.heads);
-    for (src, heads, head, dim) in [
-        (x.q, d.heads, h, d.k),
-        (x.k, d.heads, h, d.k),
-        (x.g, d.v_heads, hv, d.k),
-        (x.beta, d.v_heads, hv, 1),
-        (x.v, d.v_heads, hv, d.v),
-    ] {
-        head_rows(src, t0, heads, head, dim).prefetch(t1 - t0);
+    [
+        head_rows(x.q, t0, d.heads, h, d.k),
+        head_rows(x.k, t0, d.heads, h, d.k),
+        head_rows(x.g, t0, d.v_heads, hv, d.k),
+        head_rows(x.beta, t0, d.v_heads, hv, 1),
+        head_rows(x.v, t0, d.v_heads, hv, d.v),
+    ]
+}
+
+/// Hints the caches to fetch the input rows of tokens `t0..t1` (`t0 < t1`) of value head `hv`.
+fn prefetch_head(c: &Ctx<'_, '_>, (t0, t1): (usize, usize), hv: usize) {
+    for rows in head_inputs(c, t0, hv) {
+        rows.prefetch(t1 - t0);
     }
 }
 
@@ -356,15 +361,14 @@ fn head_view<'s>(
     hv: usize,
     state: &'s mut [f32],
 ) -> StridedHead<'s> {
-    let (d, x) = (c.d, c.x);
-    let h = hv / (d.v_heads / d.heads);
+    let [q, k, g, beta, v] = head_inputs(c, t0, hv);
     StridedHead {
         tokens: t1 - t0,
-        q: head_rows(x.q, t0, d.heads, h, d.k),
-        k: head_rows(x.k, t0, d.heads, h, d.k),
-        g: head_rows(x.g, t0, d.v_heads, hv, d.k),
-        beta: head_rows(x.beta, t0, d.v_heads, hv, 1),
-        v: head_rows(x.v, t0, d.v_heads, hv, d.v),
+        q,
+        k,
+        g,
+        beta,
+        v,
         state,
         scale: c.f.scale,
     }

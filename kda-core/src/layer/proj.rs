@@ -2,12 +2,12 @@
 //! up-projections (round 1b) and `o_proj` (round 3), each split into tiles of output rows that
 //! run as independent tasks.
 
-use crate::config::DecayGate;
 use crate::error::KdaError;
 use crate::exec::{Executor, FirstError, Shared};
 use crate::math::exp;
+use crate::ops::gate::decay_run;
 use crate::ops::linear::project_tile;
-use crate::weights::{Data, GateWeights, MatRef};
+use crate::weights::{GateWeights, MatRef};
 
 use super::KdaLayer;
 
@@ -156,63 +156,24 @@ impl<'l, 'w> PostOp<'l, 'w> {
     /// the `libm` numbers of `ops::gate::decay_gate` and `math::sigmoid`).
     fn apply_slice(&mut self, first: usize, vals: &[f32], dst: &mut [f32]) {
         let isa = self.layer.isa;
+        dst.copy_from_slice(vals);
         match self.post {
-            Post::None => dst.copy_from_slice(vals),
-            Post::Sigmoid => {
-                dst.copy_from_slice(vals);
-                crate::simd::sigmoid_scaled(isa, dst, 1.0);
-            }
+            Post::None => {}
+            Post::Sigmoid => crate::simd::sigmoid_scaled(isa, dst, 1.0),
             Post::Decay => {
                 let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
                 let k = cfg.head_dim;
                 let mut j = 0;
-                while j < vals.len() {
+                while j < dst.len() {
                     let o = first + j;
-                    let (h, n) = (o / k, (k - o % k).min(vals.len() - j));
+                    let (h, n) = (o / k, (k - o % k).min(dst.len() - j));
                     if self.head_a.0 != h {
                         self.head_a = (h, w.a_log.map(|a| exp(a.at(h))));
                     }
-                    let a = self.head_a.1;
-                    let (src, out) = (&vals[j..j + n], &mut dst[j..j + n]);
-                    add_bias(out, src, w.dt_bias, o);
-                    match cfg.decay_gate {
-                        DecayGate::Softplus => {
-                            crate::simd::softplus_scaled(isa, out, -a.unwrap_or(1.0))
-                        }
-                        DecayGate::LowerBound(lb) => {
-                            if let Some(a) = a {
-                                out.iter_mut().for_each(|x| *x *= a);
-                            }
-                            crate::simd::sigmoid_scaled(isa, out, lb);
-                        }
-                    }
+                    let run = &mut dst[j..j + n];
+                    decay_run(isa, cfg.decay_gate, (self.head_a.1, w.dt_bias), o, run);
                     j += n;
                 }
-            }
-        }
-    }
-}
-
-/// `out[i] = src[i] + bias[first + i]` (`+ 0.0` without a bias, as the scalar gate), the
-/// bias read in its own type.
-#[inline(always)]
-fn add_bias(out: &mut [f32], src: &[f32], bias: Option<Data<'_>>, first: usize) {
-    let n = src.len();
-    match bias {
-        None => out.iter_mut().zip(src).for_each(|(d, &v)| *d = v + 0.0),
-        Some(Data::F32(b)) => {
-            for ((d, &v), &b) in out.iter_mut().zip(src).zip(&b[first..first + n]) {
-                *d = v + b;
-            }
-        }
-        Some(Data::Bf16(b)) => {
-            for ((d, &v), &b) in out.iter_mut().zip(src).zip(&b[first..first + n]) {
-                *d = v + crate::math::bf16_to_f32(b);
-            }
-        }
-        Some(b) => {
-            for (i, (d, &v)) in out.iter_mut().zip(src).enumerate() {
-                *d = v + b.at(first + i);
             }
         }
     }

@@ -2,7 +2,8 @@
 
 use crate::config::DecayGate;
 use crate::error::{check_len, rows_of, KdaError};
-use crate::math::{exp, sigmoid, softplus};
+use crate::math::{exp, sigmoid};
+use crate::simd::{self, Isa};
 use crate::weights::Data;
 
 /// Turns raw decay-projection rows into log-decays `g ≤ 0`, **in place**.
@@ -42,28 +43,60 @@ pub fn decay_gate(
         });
     }
     for row in raw.chunks_exact_mut(d) {
-        for (i, v) in row.iter_mut().enumerate() {
-            let a = a_log.map(|a| exp(a.at(i / head_dim)));
-            *v = decay_one(form, a, dt_bias, i, *v);
+        for (h, run) in row.chunks_exact_mut(head_dim).enumerate() {
+            let a = a_log.map(|a| exp(a.at(h)));
+            decay_run(Isa::Portable, form, (a, dt_bias), h * head_dim, run);
         }
     }
     Ok(())
 }
 
-/// The gate for one element of channel `i`, with `a = exp(A_log[head])` precomputed (lengths
-/// already validated).
-#[inline]
-pub(crate) fn decay_one(
+/// The gate over channels `first..first + x.len()` of one head, **in place** on the raw values
+/// `x`, with `a = exp(A_log[head])` precomputed (lengths already validated): `x + dt_bias`
+/// (`+ 0.0` without a bias), then the form's function on path `isa` (`simd::softplus_scaled` /
+/// `sigmoid_scaled`: the portable path gives the `libm` numbers of `math::softplus` /
+/// `math::sigmoid`).
+pub(crate) fn decay_run(
+    isa: Isa,
     form: DecayGate,
-    a: Option<f32>,
-    dt_bias: Option<Data<'_>>,
-    i: usize,
-    raw: f32,
-) -> f32 {
-    let x = raw + dt_bias.map_or(0.0, |b| b.at(i));
+    (a, dt_bias): (Option<f32>, Option<Data<'_>>),
+    first: usize,
+    x: &mut [f32],
+) {
+    add_bias(x, dt_bias, first);
     match form {
-        DecayGate::Softplus => -a.unwrap_or(1.0) * softplus(x),
-        DecayGate::LowerBound(lb) => lb * sigmoid(a.map_or(x, |a| a * x)),
+        DecayGate::Softplus => simd::softplus_scaled(isa, x, -a.unwrap_or(1.0)),
+        DecayGate::LowerBound(lb) => {
+            if let Some(a) = a {
+                x.iter_mut().for_each(|v| *v *= a);
+            }
+            simd::sigmoid_scaled(isa, x, lb);
+        }
+    }
+}
+
+/// `x[i] += bias[first + i]` (`+ 0.0` without a bias, so that −0 becomes +0 as in the
+/// formula), the bias read in its own type.
+#[inline(always)]
+fn add_bias(x: &mut [f32], bias: Option<Data<'_>>, first: usize) {
+    let n = x.len();
+    match bias {
+        None => x.iter_mut().for_each(|v| *v += 0.0),
+        Some(Data::F32(b)) => {
+            for (v, &b) in x.iter_mut().zip(&b[first..first + n]) {
+                *v += b;
+            }
+        }
+        Some(Data::Bf16(b)) => {
+            for (v, &b) in x.iter_mut().zip(&b[first..first + n]) {
+                *v += crate::math::bf16_to_f32(b);
+            }
+        }
+        Some(b) => {
+            for (i, v) in x.iter_mut().enumerate() {
+                *v += b.at(first + i);
+            }
+        }
     }
 }
 

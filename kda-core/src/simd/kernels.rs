@@ -304,6 +304,33 @@ fn sigmoid<S: Simd>(s: S, x: S::F) -> S::F {
     s.div(one, s.add(one, s.exp(s.mul(x, s.splat(-1.0)))))
 }
 
+/// `x / (1 + e^{−x})` (SiLU) with the ISA's `exp`: the short conv's activation.
+#[inline(always)]
+fn silu<S: Simd>(s: S, x: S::F) -> S::F {
+    let e = s.exp(s.mul(x, s.splat(-1.0)));
+    s.div(x, s.add(s.splat(1.0), e))
+}
+
+/// The first `n` (`1..=LANES`) floats at `p`: a whole load when `n == LANES`.
+#[inline(always)]
+unsafe fn load_upto<S: Simd>(s: S, p: *const f32, n: usize) -> S::F {
+    if n == S::LANES {
+        s.load(p)
+    } else {
+        s.load_partial(p, n)
+    }
+}
+
+/// Stores the first `n` (`1..=LANES`) lanes of `v` at `p`: a whole store when `n == LANES`.
+#[inline(always)]
+unsafe fn store_upto<S: Simd>(s: S, p: *mut f32, n: usize, v: S::F) {
+    if n == S::LANES {
+        s.store(p, v)
+    } else {
+        s.store_partial(p, n, v)
+    }
+}
+
 /// `ln(1 + e^x)` as `max(x, 0) + ln(1 + e^{−|x|})`, the logarithm of `1 + y` (`0 ≤ y ≤ 1`)
 /// as `2·atanh(y / (2 + y))`, a series in `z² ≤ 1/9` cut after `z¹³` (relative error below
 /// 2·10⁻⁸ before rounding). Above 20 the result rounds to `x`, as torch's threshold returns;
@@ -1012,20 +1039,12 @@ pub(crate) unsafe fn short_conv<S: Simd>(
             let mut acc = s.splat(0.0);
             for (i, tap) in tv.iter().enumerate().take(w) {
                 let v = match usize::try_from((t + i) as isize - hist as isize) {
-                    Ok(j) if nc == l => s.load(xp.add(j * d + c0)),
-                    Ok(j) => s.load_partial(xp.add(j * d + c0), nc),
+                    Ok(j) => load_upto(s, xp.add(j * d + c0), nc),
                     Err(_) => s.load(old[t + i].as_ptr()),
                 };
                 acc = s.mul_add(*tap, v, acc);
             }
-            let e = s.exp(s.mul(acc, s.splat(-1.0)));
-            let y = s.div(acc, s.add(s.splat(1.0), e));
-            let p = xp.add(t * d + c0);
-            if nc == l {
-                s.store(p, y);
-            } else {
-                s.store_partial(p, nc, y);
-            }
+            store_upto(s, xp.add(t * d + c0), nc, silu(s, acc));
         }
         for (ci, c) in (c0..c0 + nc).enumerate() {
             for (j, n) in new.iter().enumerate().take(hist) {
@@ -1049,11 +1068,7 @@ unsafe fn conv_token<S: Simd, W: Elem>(s: S, x: &mut [f32], weight: &[W], state:
     let mut c0 = 0;
     while c0 < d {
         let nc = (d - c0).min(l);
-        let xv = if nc == l {
-            s.load(xp.add(c0))
-        } else {
-            s.load_partial(xp.add(c0), nc)
-        };
+        let xv = load_upto(s, xp.add(c0), nc);
         // A history tile reads one value past the block's last row: only before the last block.
         let acc = if w == l && nc == l && c0 + l < d {
             let wr: [*const W; MAX_LANES] =
@@ -1075,13 +1090,7 @@ unsafe fn conv_token<S: Simd, W: Elem>(s: S, x: &mut [f32], weight: &[W], state:
             conv_gathered(s, (wp, w), sp, (c0, nc), xv)
         };
         shift_history(sp, (c0, nc), hist, xp);
-        let e = s.exp(s.mul(acc, s.splat(-1.0)));
-        let y = s.div(acc, s.add(s.splat(1.0), e));
-        if nc == l {
-            s.store(xp.add(c0), y);
-        } else {
-            s.store_partial(xp.add(c0), nc, y);
-        }
+        store_upto(s, xp.add(c0), nc, silu(s, acc));
         c0 += nc;
     }
 }
