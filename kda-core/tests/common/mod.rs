@@ -326,8 +326,13 @@ pub struct Fixture {
     pub meta: HashMap<String, String>,
 }
 
+/// The committed fixtures, or `$KDA_FIXTURES_DIR` when set (test binaries run away from the
+/// source tree, e.g. under an emulator).
 pub fn fixtures_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    match std::env::var_os("KDA_FIXTURES_DIR") {
+        Some(dir) => dir.into(),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"),
+    }
 }
 
 pub fn layer_fixtures() -> Vec<String> {
