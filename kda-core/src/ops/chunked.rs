@@ -532,7 +532,7 @@ fn one_chunk(
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512F && isa.is_supported() {
+    if matches!(isa, Isa::Avx512F | Isa::Avx512Bf16) && isa.is_supported() {
         // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked just above); the function
         // has no other requirement (it is safe Rust compiled with those features enabled).
         return unsafe { one_chunk_avx512(isa, inp, state, sc) };

@@ -5,7 +5,7 @@ use core::arch::x86_64::*;
 
 use half::bf16;
 
-use super::vector::{Elem, Simd};
+use super::vector::{split_broadcast, split_dot, split_load, Elem, Simd, Split};
 
 /// Proof that the CPU has AVX2 and FMA.
 #[derive(Clone, Copy)]
@@ -64,6 +64,7 @@ pub(crate) unsafe fn load_bf16x8(p: *const bf16) -> __m256 {
 impl Simd for Avx2 {
     type F = __m256;
     type Tile = [__m256; 8];
+    type P = Split<__m256>;
     const LANES: usize = 8;
     const PANEL_TOKENS: usize = 6;
     const GEMM_ROWS: usize = 6;
@@ -153,6 +154,18 @@ impl Simd for Avx2 {
             W::load(self, r(6)),
             W::load(self, r(7)),
         ])
+    }
+    #[inline(always)]
+    unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> Split<__m256> {
+        split_load(self, lo, hi)
+    }
+    #[inline(always)]
+    unsafe fn broadcast_pair(self, p: *const u32) -> Split<__m256> {
+        split_broadcast(self, p)
+    }
+    #[inline(always)]
+    fn dot_pairs(self, acc: __m256, a: Split<__m256>, b: Split<__m256>) -> __m256 {
+        split_dot(self, acc, a, b)
     }
     #[inline(always)]
     fn tile_col(self, tile: &[__m256; 8], j: usize) -> __m256 {

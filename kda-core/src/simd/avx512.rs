@@ -1,25 +1,48 @@
 //! x86-64 AVX-512F: the [`Simd`] mapping (16 lanes, 32 registers) and the kernels' entry
 //! points. Every AVX-512F CPU also has AVX2 and FMA; the 16×16 tile transpose reuses the
 //! AVX2 8×8 one on the four quarters.
+//!
+//! Two tokens share the mapping: `Avx512<false>` (AVX-512F) and `Avx512<true>` (also
+//! AVX512BW and AVX512_BF16), whose bf16 pair operations are `vpermw`, `vdpbf16ps` and
+//! `vcvtne2ps2bf16`; without them the same pair operations are emulated on 32-bit lanes. The
+//! f32 operations are the same instructions on both.
 
 use core::arch::x86_64::*;
 
 use half::bf16;
 
 use super::avx2::{transpose8, Avx2};
-use super::vector::{Elem, Simd};
+use super::vector::{round_pair, Elem, Simd};
 
-/// Proof that the CPU has AVX-512F, AVX2 and FMA.
+/// Proof that the CPU has AVX-512F, AVX2 and FMA, and with `BF16` also AVX512BW and
+/// AVX512_BF16.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512(());
+pub(crate) struct Avx512<const BF16: bool>(());
 
-impl Avx512 {
+impl<const BF16: bool> Avx512<BF16> {
     /// # Safety
-    /// The CPU has AVX-512F, AVX2 and FMA.
+    /// The CPU has AVX-512F, AVX2 and FMA, and with `BF16` also AVX512BW and AVX512_BF16.
     #[inline(always)]
-    pub(crate) unsafe fn new_unchecked() -> Avx512 {
+    pub(crate) unsafe fn new_unchecked() -> Avx512<BF16> {
         Avx512(())
     }
+}
+
+/// The even (low 16 bits) and odd (high 16 bits) bf16 of each 32-bit lane of `v`, widened.
+#[inline(always)]
+unsafe fn split_pairs(v: __m512i) -> (__m512, __m512) {
+    let even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+    let odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(-65536)));
+    (even, odd)
+}
+
+/// `vpermw` indices interleaving the low and the high 256 bits of a vector by 16-bit words.
+#[inline(always)]
+unsafe fn interleave_index() -> __m512i {
+    _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0,
+    )
 }
 
 /// `lo` in lanes 0–7 and `hi` in lanes 8–15.
@@ -46,11 +69,13 @@ unsafe fn quarter<W: Elem>(rows: &[*const W], k: usize) -> [__m256; 8] {
     ])
 }
 
-// SAFETY (every method): an `Avx512` exists only where the CPU has AVX-512F, AVX2 and FMA;
-// pointer validity is the caller's contract, stated on the trait.
-impl Simd for Avx512 {
+// SAFETY (every method): an `Avx512` exists only where the CPU has AVX-512F, AVX2 and FMA
+// (and, for `Avx512<true>`, AVX512BW and AVX512_BF16, the only features the `BF16` branches
+// use); pointer validity is the caller's contract, stated on the trait.
+impl<const BF16: bool> Simd for Avx512<BF16> {
     type F = __m512;
     type Tile = [__m512; 16];
+    type P = __m512i;
     const LANES: usize = 16;
     const PANEL_TOKENS: usize = 12;
     const GEMM_ROWS: usize = 12;
@@ -154,6 +179,56 @@ impl Simd for Avx512 {
     fn tile_col(self, tile: &[__m512; 16], j: usize) -> __m512 {
         tile[j]
     }
+    #[inline(always)]
+    unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> __m512i {
+        let (l, h) = (
+            _mm256_loadu_si256(lo as *const __m256i),
+            _mm256_loadu_si256(hi as *const __m256i),
+        );
+        if BF16 {
+            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h);
+            _mm512_permutexvar_epi16(interleave_index(), both)
+        } else {
+            let h = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+            _mm512_or_si512(_mm512_cvtepu16_epi32(l), h)
+        }
+    }
+    #[inline(always)]
+    unsafe fn broadcast_pair(self, p: *const u32) -> __m512i {
+        _mm512_set1_epi32(*p as i32)
+    }
+    #[inline(always)]
+    fn dot_pairs(self, acc: __m512, a: __m512i, b: __m512i) -> __m512 {
+        unsafe {
+            if BF16 {
+                _mm512_dpbf16_ps(acc, core::mem::transmute(a), core::mem::transmute(b))
+            } else {
+                let ((ae, ao), (be, bo)) = (split_pairs(a), split_pairs(b));
+                _mm512_fmadd_ps(ae, be, _mm512_fmadd_ps(ao, bo, acc))
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn round_pairs(self, x: *const f32, out: *mut u32) {
+        if BF16 {
+            let (lo, hi) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
+            let v: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(out as *mut __m512i, v)
+        } else {
+            for j in 0..16 {
+                *out.add(j) = round_pair(*x.add(2 * j), *x.add(2 * j + 1));
+            }
+        }
+    }
 }
 
-super::kernels::instantiate!(Avx512::new_unchecked(), "avx512f,avx2,fma");
+super::kernels::instantiate!(Avx512::<false>::new_unchecked(), "avx512f,avx2,fma");
+
+/// The kernels' entry points for `Avx512<true>` (AVX-512F with AVX512BW and AVX512_BF16).
+pub(crate) mod with_bf16 {
+    use super::Avx512;
+    crate::simd::kernels::instantiate!(
+        Avx512::<true>::new_unchecked(),
+        "avx512f,avx512bw,avx512bf16,avx2,fma"
+    );
+}

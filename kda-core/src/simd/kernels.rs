@@ -13,7 +13,7 @@
 
 use half::bf16;
 
-use super::vector::{column, Elem, Simd, MAX_LANES};
+use super::vector::{column, round_pair, Elem, Simd, MAX_LANES};
 use super::{DIRECT, PANEL};
 
 /// `y[i] += a·x[i]` (`x` at least as long as `y`).
@@ -925,6 +925,206 @@ pub(crate) unsafe fn panels_fma<S: Simd>(
     }
 }
 
+/// A row of zeros: the odd half of the last pair when a panel has an odd number of steps.
+static ZERO_ROW: [bf16; PANEL] = [bf16::ZERO; PANEL];
+
+/// Pair `j` of a bf16 panel (steps `2j` at `lo` and `2j + 1` at `hi`, 16 values each) as
+/// `PANEL / LANES` pair vectors.
+#[inline(always)]
+unsafe fn pairs_row<S: Simd>(s: S, lo: *const bf16, hi: *const bf16) -> [S::P; MAX_PER_PANEL] {
+    let mut b = [s.load_pairs(lo, hi); MAX_PER_PANEL];
+    for (v, b) in b.iter_mut().enumerate().take(PANEL / S::LANES).skip(1) {
+        *b = s.load_pairs(lo.add(v * S::LANES), hi.add(v * S::LANES));
+    }
+    b
+}
+
+/// Where pair `j` of a panel of `n` steps lies: its two rows, the second a zero row when
+/// `2j + 1 == n`.
+#[inline(always)]
+unsafe fn pair_rows(panel: *const bf16, j: usize, n: usize) -> (*const bf16, *const bf16) {
+    let lo = panel.add(2 * j * PANEL);
+    let hi = if 2 * j + 1 < n {
+        lo.add(PANEL)
+    } else {
+        ZERO_ROW.as_ptr()
+    };
+    (lo, hi)
+}
+
+/// `MT` tokens × 16 outputs of the bf16-pairs GEMM over pairs `j0..j1` of one panel of `n`
+/// steps: every output continues its chain `acc ← dot_pairs(acc, w_j, x_j)` over `j` in order.
+#[inline(always)]
+unsafe fn pairs_block<S: Simd, const MT: usize>(
+    s: S,
+    x: [*const u32; MT],
+    (j0, j1, n): (usize, usize, usize),
+    panel: *const bf16,
+    acc: *mut f32,
+) {
+    let vp = PANEL / S::LANES;
+    let mut a = [[s.splat(0.0); MAX_PER_PANEL]; MT];
+    for (t, a) in a.iter_mut().enumerate() {
+        for (v, a) in a.iter_mut().enumerate().take(vp) {
+            *a = s.load(acc.add(t * PANEL + v * S::LANES));
+        }
+    }
+    for j in j0..j1 {
+        let (lo, hi) = pair_rows(panel, j, n);
+        let b = pairs_row(s, lo, hi);
+        for (t, a) in a.iter_mut().enumerate() {
+            let xv = s.broadcast_pair(x[t].add(j));
+            for v in 0..vp {
+                a[v] = s.dot_pairs(a[v], b[v], xv);
+            }
+        }
+    }
+    for (t, a) in a.iter().enumerate() {
+        for (v, a) in a.iter().enumerate().take(vp) {
+            s.store(acc.add(t * PANEL + v * S::LANES), *a);
+        }
+    }
+}
+
+/// Continues `acc[t·16 + r]` over pairs `j0..j1` of one bf16 panel of `n` steps (the panel
+/// layout, from step 0) for token rows of bf16 pairs `xs[t]` (from [`round_pairs_row`]),
+/// tokens in blocks of [`Simd::PANEL_TOKENS`]: the bf16 precision mode's prefill GEMM.
+#[inline(always)]
+pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
+    s: S,
+    xs: &[&[u32]],
+    (j0, j1, n): (usize, usize, usize),
+    panel: &[bf16],
+    acc: &mut [f32],
+) {
+    let (pp, ap) = (panel.as_ptr(), acc.as_mut_ptr());
+    for (g, xg) in xs.chunks(S::PANEL_TOKENS).enumerate() {
+        let a = ap.add(g * S::PANEL_TOKENS * PANEL);
+        macro_rules! block {
+            ($mt:literal) => {{
+                let x: [*const u32; $mt] = core::array::from_fn(|t| xg[t].as_ptr());
+                pairs_block::<S, $mt>(s, x, (j0, j1, n), pp, a)
+            }};
+        }
+        match xg.len() {
+            12 => block!(12),
+            11 => block!(11),
+            10 => block!(10),
+            9 => block!(9),
+            8 => block!(8),
+            7 => block!(7),
+            6 => block!(6),
+            5 => block!(5),
+            4 => block!(4),
+            3 => block!(3),
+            2 => block!(2),
+            _ => block!(1),
+        }
+    }
+}
+
+/// `MT` tokens × `P` panels of the bf16-pairs GEMM over pairs `j0..j1` (decode: every weight
+/// read once per step); `acc` rows are `4·PANEL` apart per token. The same chains as
+/// [`pairs_block`].
+#[inline(always)]
+unsafe fn pairs_panels_block<S: Simd, const MT: usize, const P: usize>(
+    s: S,
+    x: [*const u32; MT],
+    pp: [*const bf16; P],
+    (j0, j1, n): (usize, usize, usize),
+    acc: *mut f32,
+) {
+    let vp = PANEL / S::LANES;
+    let at = |t: usize, p: usize, v: usize| t * 4 * PANEL + p * PANEL + v * S::LANES;
+    let mut a = [[[s.splat(0.0); MAX_PER_PANEL]; P]; MT];
+    for (t, a) in a.iter_mut().enumerate() {
+        for (p, a) in a.iter_mut().enumerate() {
+            for (v, a) in a.iter_mut().enumerate().take(vp) {
+                *a = s.load(acc.add(at(t, p, v)));
+            }
+        }
+    }
+    for j in j0..j1 {
+        let mut xv = [s.broadcast_pair(x[0].add(j)); MT];
+        for (xv, x) in xv.iter_mut().zip(x).skip(1) {
+            *xv = s.broadcast_pair(x.add(j));
+        }
+        for (p, pp) in pp.iter().enumerate() {
+            let (lo, hi) = pair_rows(*pp, j, n);
+            let b = pairs_row(s, lo, hi);
+            for (t, xv) in xv.iter().enumerate() {
+                for v in 0..vp {
+                    a[t][p][v] = s.dot_pairs(a[t][p][v], b[v], *xv);
+                }
+            }
+        }
+    }
+    for (t, a) in a.iter().enumerate() {
+        for (p, a) in a.iter().enumerate() {
+            for (v, a) in a.iter().enumerate().take(vp) {
+                s.store(acc.add(at(t, p, v)), *a);
+            }
+        }
+    }
+}
+
+/// Continues `acc[t·64 + 16p + r]` over pairs `j0..j1` for up to 4 tokens × up to 4 bf16
+/// panels of `n` steps (the bf16 mode's decode; the same chains as [`pairs_panel_fma`]).
+#[inline(always)]
+pub(crate) unsafe fn pairs_panels_fma<S: Simd>(
+    s: S,
+    xs: &[&[u32]],
+    panels: &[&[bf16]],
+    (j0, j1, n): (usize, usize, usize),
+    acc: &mut [f32],
+) {
+    let ap = acc.as_mut_ptr();
+    let per = match xs.len() {
+        1 => 4,
+        2 => 2,
+        _ => 1,
+    };
+    let mut p0 = 0;
+    while p0 < panels.len() {
+        let np = (panels.len() - p0).min(per);
+        let a = ap.add(p0 * PANEL);
+        macro_rules! block {
+            ($mt:literal, $p:literal) => {{
+                let x: [*const u32; $mt] = core::array::from_fn(|t| xs[t].as_ptr());
+                let pp: [*const bf16; $p] = core::array::from_fn(|p| panels[p0 + p].as_ptr());
+                pairs_panels_block::<S, $mt, $p>(s, x, pp, (j0, j1, n), a)
+            }};
+        }
+        match (xs.len(), np) {
+            (1, 4) => block!(1, 4),
+            (1, 3) => block!(1, 3),
+            (1, 2) => block!(1, 2),
+            (1, _) => block!(1, 1),
+            (2, 2) => block!(2, 2),
+            (2, _) => block!(2, 1),
+            (3, _) => block!(3, 1),
+            _ => block!(4, 1),
+        }
+        p0 += np;
+    }
+}
+
+/// `out[j]` = `x[2j]`, `x[2j + 1]` rounded to bf16 and packed ([`Simd::round_pairs`]; a
+/// missing last odd element is 0). `out` is `x.len().div_ceil(2)` long.
+#[inline(always)]
+pub(crate) unsafe fn round_pairs_row<S: Simd>(s: S, x: &[f32], out: &mut [u32]) {
+    let l = S::LANES;
+    let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
+    let mut j = 0;
+    while 2 * (j + l) <= x.len() {
+        s.round_pairs(xp.add(2 * j), op.add(j));
+        j += l;
+    }
+    for (j, o) in out.iter_mut().enumerate().skip(j) {
+        *o = round_pair(x[2 * j], x.get(2 * j + 1).copied().unwrap_or(0.0));
+    }
+}
+
 /// f32 per piece of [`read_sum`]: 256 bytes, four cache lines.
 pub(crate) const READ_PIECE: usize = 64;
 
@@ -1253,6 +1453,28 @@ macro_rules! instantiate {
             acc: &mut [f32],
         ) {
             k::panels_fma($token, xs, panels, k0, k1, acc)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn pairs_panel_fma(
+            xs: &[&[u32]],
+            steps: (usize, usize, usize),
+            panel: &[half::bf16],
+            acc: &mut [f32],
+        ) {
+            k::pairs_panel_fma($token, xs, steps, panel, acc)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn pairs_panels_fma(
+            xs: &[&[u32]],
+            panels: &[&[half::bf16]],
+            steps: (usize, usize, usize),
+            acc: &mut [f32],
+        ) {
+            k::pairs_panels_fma($token, xs, panels, steps, acc)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn round_pairs_row(x: &[f32], out: &mut [u32]) {
+            k::round_pairs_row($token, x, out)
         }
     };
 }

@@ -5,7 +5,7 @@
 
 use half::bf16;
 
-use super::vector::{Elem, Simd};
+use super::vector::{split_broadcast, split_dot, split_load, Elem, Simd, Split};
 
 /// `N` f32 lanes in plain Rust.
 #[derive(Clone, Copy)]
@@ -25,6 +25,7 @@ impl<const N: usize> Lanes<N> {
 impl<const N: usize> Simd for Lanes<N> {
     type F = [f32; N];
     type Tile = [[f32; N]; N];
+    type P = Split<[f32; N]>;
     const LANES: usize = N;
     const PANEL_TOKENS: usize = 6;
     const GEMM_ROWS: usize = if N >= 16 { 12 } else { 6 };
@@ -95,6 +96,18 @@ impl<const N: usize> Simd for Lanes<N> {
     #[inline(always)]
     unsafe fn load_tile<W: Elem>(self, rows: &[*const W], k: usize) -> [[f32; N]; N] {
         core::array::from_fn(|j| core::array::from_fn(|i| (*rows[i].add(k + j)).widen()))
+    }
+    #[inline(always)]
+    unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> Split<[f32; N]> {
+        split_load(self, lo, hi)
+    }
+    #[inline(always)]
+    unsafe fn broadcast_pair(self, p: *const u32) -> Split<[f32; N]> {
+        split_broadcast(self, p)
+    }
+    #[inline(always)]
+    fn dot_pairs(self, acc: [f32; N], a: Split<[f32; N]>, b: Split<[f32; N]>) -> [f32; N] {
+        split_dot(self, acc, a, b)
     }
     #[inline(always)]
     fn tile_col(self, tile: &[[f32; N]; N], j: usize) -> [f32; N] {

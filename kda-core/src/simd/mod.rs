@@ -5,8 +5,9 @@
 //! * [`Isa::Portable`]: the reference loops of `portable.rs` (plain Rust the compiler
 //!   vectorises for the baseline target; runs everywhere, Cortex-M included). They define the
 //!   results every other path is tested against.
-//! * [`Isa::Avx2Fma`] (`avx2.rs`), [`Isa::Avx512F`] (`avx512.rs`), [`Isa::Neon`] (`neon.rs`):
-//!   the generic kernels instantiated for that ISA, inside `#[target_feature]` entry points.
+//! * [`Isa::Avx2Fma`] (`avx2.rs`), [`Isa::Avx512F`] and [`Isa::Avx512Bf16`] (`avx512.rs`),
+//!   [`Isa::Neon`] (`neon.rs`): the generic kernels instantiated for that ISA, inside
+//!   `#[target_feature]` entry points.
 //!   x86 detection is at run time with the `std` feature, else at compile time
 //!   (`-C target-feature=…`); NEON is part of every aarch64 target.
 //! * In tests, the same generic kernels instantiated over plain `[f32; N]` lanes (`lanes.rs`)
@@ -59,6 +60,9 @@ pub enum Isa {
     Avx2Fma,
     /// x86-64 with AVX-512F (and AVX2, FMA): 16 lanes, 32 registers.
     Avx512F,
+    /// [`Isa::Avx512F`] plus AVX512BW and AVX512_BF16: the same f32 kernels, and native bf16
+    /// dot products (`vdpbf16ps`) for the bf16 precision mode.
+    Avx512Bf16,
     /// aarch64 Advanced SIMD (NEON): 4 lanes, 32 registers.
     Neon,
 }
@@ -66,7 +70,13 @@ pub enum Isa {
 impl Isa {
     /// Every path, the portable one first; on one CPU each later one it supports is faster
     /// than the earlier ones (NEON and the x86 paths never coexist).
-    const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2Fma, Isa::Avx512F, Isa::Neon];
+    const ALL: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2Fma,
+        Isa::Avx512F,
+        Isa::Avx512Bf16,
+        Isa::Neon,
+    ];
 
     /// The fastest path this CPU supports.
     pub fn detect() -> Isa {
@@ -79,6 +89,7 @@ impl Isa {
             Isa::Portable => true,
             Isa::Avx2Fma => avx2_fma_supported(),
             Isa::Avx512F => avx512_supported(),
+            Isa::Avx512Bf16 => avx512_bf16_supported(),
             Isa::Neon => cfg!(target_arch = "aarch64"),
         }
     }
@@ -93,12 +104,14 @@ impl Isa {
         Isa::ALL.into_iter().map(|i| (i, i.is_supported()))
     }
 
-    /// A short lower-case name (`portable`, `avx2`, `avx512f`, `neon`), as printed by benches.
+    /// A short lower-case name (`portable`, `avx2`, `avx512f`, `avx512bf16`, `neon`), as
+    /// printed by benches.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2Fma => "avx2",
             Isa::Avx512F => "avx512f",
+            Isa::Avx512Bf16 => "avx512bf16",
             Isa::Neon => "neon",
         }
     }
@@ -109,6 +122,7 @@ impl Isa {
             Isa::Portable => "nothing",
             Isa::Avx2Fma => "avx2+fma",
             Isa::Avx512F => "avx512f",
+            Isa::Avx512Bf16 => "avx512_bf16",
             Isa::Neon => "neon (aarch64)",
         }
     }
@@ -148,6 +162,23 @@ fn avx512_supported() -> bool {
     false
 }
 
+#[cfg(all(target_arch = "x86_64", any(feature = "std", test)))]
+fn avx512_bf16_supported() -> bool {
+    avx512_supported()
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx512bf16")
+}
+
+#[cfg(all(target_arch = "x86_64", not(any(feature = "std", test))))]
+fn avx512_bf16_supported() -> bool {
+    avx512_supported() && cfg!(all(target_feature = "avx512bw", target_feature = "avx512bf16"))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_bf16_supported() -> bool {
+    false
+}
+
 /// Which implementation a call runs: an [`Isa`], or (in tests) the generic kernels over
 /// plain lanes of a given width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +189,8 @@ pub(crate) enum Path {
     Avx2,
     /// The generic kernels on AVX-512F.
     Avx512,
+    /// The generic kernels on AVX-512F with AVX512BW and AVX512_BF16.
+    Avx512Bf16,
     /// The generic kernels on NEON.
     Neon,
     /// The generic kernels over `[f32; N]` lanes.
@@ -171,6 +204,7 @@ impl From<Isa> for Path {
             Isa::Portable => Path::Reference,
             Isa::Avx2Fma => Path::Avx2,
             Isa::Avx512F => Path::Avx512,
+            Isa::Avx512Bf16 => Path::Avx512Bf16,
             Isa::Neon => Path::Neon,
         }
     }
@@ -213,6 +247,11 @@ macro_rules! dispatch {
         match path {
             // SAFETY: the CPU has the ISA (checked in the guard), the only requirement of the
             // entry points beyond the slice lengths the safe wrappers here have checked.
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512Bf16 if avx512_bf16_supported() => unsafe {
+                avx512::with_bf16::$name($($arg),*)
+            },
+            // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             Path::Avx512 if avx512_supported() => unsafe { avx512::$name($($arg),*) },
             // SAFETY: as above.
@@ -415,6 +454,109 @@ pub fn panel_fma_bf16(
         isa,
         panel_fma(xs, k0, k1, panel, acc),
         portable::panel_fma_bf16(xs, k0, k1, panel, acc, PANEL)
+    );
+    Ok(())
+}
+
+/// Steps of a bf16 panel the pair kernels cover: pairs `j0..j1` of a panel of `n` steps
+/// (pair `j` joins steps `2j` and `2j + 1`; when `n` is odd the last pair's odd step is 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PairSteps {
+    /// First pair.
+    pub j0: usize,
+    /// One past the last pair (at most `n.div_ceil(2)`).
+    pub j1: usize,
+    /// Steps (the reduction length) of the panel.
+    pub n: usize,
+}
+
+impl PairSteps {
+    /// Every pair of a panel of `n` steps.
+    pub fn all(n: usize) -> Self {
+        PairSteps {
+            j0: 0,
+            j1: n.div_ceil(2),
+            n,
+        }
+    }
+
+    fn ok(&self, panel_len: usize, xs: &[&[u32]]) -> bool {
+        self.j0 <= self.j1
+            && self.j1 <= self.n.div_ceil(2)
+            && panel_len >= self.n * PANEL
+            && xs.iter().all(|x| x.len() >= self.j1)
+    }
+
+    fn tuple(self) -> (usize, usize, usize) {
+        (self.j0, self.j1, self.n)
+    }
+}
+
+/// The bf16 precision mode's prefill GEMM: continues `acc[t·16 + r]` over pairs
+/// `steps.j0..steps.j1` of one bf16 panel of the panel layout (`panel` from step 0) for token
+/// rows of bf16 pairs (from [`round_pairs_row`]): per output the chain
+/// `acc ← acc + x_odd·w_odd + x_even·w_even` over the pairs in order, each addition rounded
+/// (`vdpbf16ps` on [`Isa::Avx512Bf16`], two multiply-adds elsewhere: bitwise the same except
+/// that `vdpbf16ps` flushes subnormals). A slice too short (a bug) is an
+/// [`KdaError::Internal`] error.
+pub fn pairs_panel_fma(
+    isa: impl Into<Path>,
+    xs: &[&[u32]],
+    steps: PairSteps,
+    panel: &[bf16],
+    acc: &mut [f32],
+) -> Result<(), KdaError> {
+    if !steps.ok(panel.len(), xs) || acc.len() < xs.len() * PANEL {
+        return bad("simd::pairs_panel_fma arguments");
+    }
+    let st = steps.tuple();
+    dispatch!(
+        isa,
+        pairs_panel_fma(xs, st, panel, acc),
+        portable::pairs_panels_fma(xs, &[panel], st, acc, PANEL)
+    );
+    Ok(())
+}
+
+/// The bf16 mode's decode: continues `acc[t·64 + 16p + r]` (`t` < 4 tokens, `p` < 4 panels)
+/// with the same chains as [`pairs_panel_fma`], bitwise, on each path. A slice too short (a
+/// bug) is an [`KdaError::Internal`] error.
+pub fn pairs_panels_fma(
+    isa: impl Into<Path>,
+    xs: &[&[u32]],
+    panels: &[&[bf16]],
+    steps: PairSteps,
+    acc: &mut [f32],
+) -> Result<(), KdaError> {
+    if !(1..=4).contains(&xs.len())
+        || !(1..=4).contains(&panels.len())
+        || panels.iter().any(|p| !steps.ok(p.len(), xs))
+        || acc.len() < xs.len() * 4 * PANEL
+    {
+        return bad("simd::pairs_panels_fma arguments");
+    }
+    let st = steps.tuple();
+    dispatch!(
+        isa,
+        pairs_panels_fma(xs, panels, st, acc),
+        portable::pairs_panels_fma(xs, panels, st, acc, 4 * PANEL)
+    );
+    Ok(())
+}
+
+/// Rounds a row of activations to bf16 pairs for the bf16 mode: `out[j]` packs `x[2j]` (low
+/// 16 bits) and `x[2j + 1]` (0 past the end), each rounded to nearest even with subnormals
+/// to zero, as `vcvtne2ps2bf16` does (and does natively on [`Isa::Avx512Bf16`]; bitwise the
+/// same on every path). `out` must be `x.len().div_ceil(2)` long, else an
+/// [`KdaError::Internal`] error.
+pub fn round_pairs_row(isa: impl Into<Path>, x: &[f32], out: &mut [u32]) -> Result<(), KdaError> {
+    if out.len() != x.len().div_ceil(2) {
+        return bad("simd::round_pairs_row arguments");
+    }
+    dispatch!(
+        isa,
+        round_pairs_row(x, out),
+        portable::round_pairs_row(x, out)
     );
     Ok(())
 }
@@ -845,7 +987,15 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512F => unsafe {
                 (
-                    ops_trace(avx512::Avx512::new_unchecked(), vals, wide),
+                    ops_trace(avx512::Avx512::<false>::new_unchecked(), vals, wide),
+                    ops_trace(lanes::Lanes::<16>, vals, wide),
+                )
+            },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 => unsafe {
+                (
+                    ops_trace(avx512::Avx512::<true>::new_unchecked(), vals, wide),
                     ops_trace(lanes::Lanes::<16>, vals, wide),
                 )
             },
@@ -911,6 +1061,11 @@ mod tests {
                     put(s.tile_col(&tile, j), &mut out);
                 }
                 check_lane_ops(s, a, b, &wide[i * l..]);
+                // bf16 pairs: this chunk's bf16 as the even elements, the next ones as the odd.
+                let odd = &wide[(i * l + 1).min(wide.len() - l)..];
+                let pa = s.load_pairs(cw.as_ptr(), odd.as_ptr());
+                let pair = vector::round_pair(c[0], c[1]);
+                put(s.dot_pairs(b, pa, s.broadcast_pair(&pair)), &mut out);
                 let sum = s.reduce_sum(a);
                 let want: f32 = c.iter().sum();
                 let ok = (sum - want).abs() <= 1e-5 * c.iter().map(|v| v.abs()).sum::<f32>();
@@ -1243,6 +1398,115 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Activations rounded to bf16 pairs, as the bf16 mode's layer does.
+    fn pair_rows(tokens: usize, n: usize, seed: u32) -> Vec<Vec<u32>> {
+        (0..tokens)
+            .map(|t| {
+                let x = rnd(n, seed + t as u32);
+                let mut p = std::vec![0u32; n.div_ceil(2)];
+                round_pairs_row(Path::Reference, &x, &mut p).unwrap();
+                p
+            })
+            .collect()
+    }
+
+    /// The bf16 pair kernels give the reference loops' bits on every path (the native
+    /// `vdpbf16ps` included: these values keep every partial sum normal), for any split of
+    /// the pairs into calls, and decode (`pairs_panels_fma`) equals prefill
+    /// (`pairs_panel_fma`) bitwise.
+    #[test]
+    fn pair_kernels_match_reference_bitwise() {
+        for path in test_paths() {
+            for n in [1usize, 2, 3, 15, 16, 17, 33, 64, 255, 300] {
+                let panels: Vec<Vec<bf16>> = (0..4)
+                    .map(|p| rnd(n * PANEL, 40 + p).iter().map(|&v| bf16::from_f32(v)).collect())
+                    .collect();
+                let pr: Vec<&[bf16]> = panels.iter().map(|p| &p[..]).collect();
+                let all = PairSteps::all(n);
+                for tokens in [1usize, 2, 3, 4, 5, 11, 12, 13, 25] {
+                    let rows = pair_rows(tokens, n, 7 * n as u32);
+                    let xs: Vec<&[u32]> = rows.iter().map(|r| &r[..]).collect();
+                    let start = rnd(tokens * PANEL, 3);
+                    let mut want = start.clone();
+                    portable::pairs_panels_fma(&xs, &pr[..1], all.tuple(), &mut want, PANEL);
+                    let mut got = start.clone();
+                    let mid = all.j1 / 3;
+                    let halves = [PairSteps { j1: mid, ..all }, PairSteps { j0: mid, ..all }];
+                    for st in halves {
+                        pairs_panel_fma(path, &xs, st, pr[0], &mut got).unwrap();
+                    }
+                    let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+                    assert!(same, "{path:?} pairs_panel_fma n={n} tokens={tokens}");
+                    if tokens > 4 {
+                        continue;
+                    }
+                    for np in 1..=4 {
+                        let mut acc = std::vec![0.0f32; tokens * 4 * PANEL];
+                        pairs_panels_fma(path, &xs, &pr[..np], all, &mut acc).unwrap();
+                        for p in 0..np {
+                            let mut one = std::vec![0.0f32; tokens * PANEL];
+                            pairs_panel_fma(Path::Reference, &xs, all, pr[p], &mut one).unwrap();
+                            for t in 0..tokens {
+                                let d = &acc[t * 4 * PANEL + p * PANEL..][..PANEL];
+                                let ok = d
+                                    .iter()
+                                    .zip(&one[t * PANEL..(t + 1) * PANEL])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                                assert!(ok, "{path:?} pairs_panels_fma n={n} t={t} p={p}/{np}");
+                            }
+                        }
+                    }
+                }
+            }
+            let mut acc = std::vec![0.0f32; PANEL];
+            let bad = PairSteps { j1: 3, ..PairSteps::all(4) };
+            assert!(pairs_panel_fma(path, &[&[0u32; 3]], bad, &[bf16::ZERO; 64], &mut acc).is_err());
+        }
+    }
+
+    /// Rounding to bf16 pairs: every path bitwise equal to the scalar rule, which is
+    /// `half`'s round-to-nearest-even for normal values, with subnormals to signed zero and
+    /// NaN kept a NaN.
+    #[test]
+    fn round_pairs_every_path() {
+        let mut xs: Vec<f32> = rnd(1000, 5).iter().map(|v| v * 1e3).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            1.0e-40,
+            -1.0e-40,
+            f32::MIN_POSITIVE,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::from_bits(0x3f80_8001),
+        ]);
+        for &x in &xs {
+            let r = vector::round_bf16(x);
+            if x.is_nan() {
+                assert!(bf16::from_bits(r).is_nan());
+            } else if x.is_subnormal() {
+                assert_eq!(r, (x.to_bits() >> 16) as u16 & 0x8000);
+            } else {
+                assert_eq!(r, bf16::from_f32(x).to_bits(), "{x:e}");
+            }
+        }
+        for path in test_paths() {
+            for n in [0usize, 1, 2, 31, 32, 33, 63, xs.len()] {
+                let (mut want, mut got) = (std::vec![0u32; n.div_ceil(2)], std::vec![1u32; n.div_ceil(2)]);
+                portable::round_pairs_row(&xs[..n], &mut want);
+                round_pairs_row(path, &xs[..n], &mut got).unwrap();
+                assert_eq!(got, want, "{path:?} round_pairs_row n={n}");
+            }
+        }
+        assert!(round_pairs_row(Path::Reference, &xs[..3], &mut [0u32; 1]).is_err());
     }
 
     #[test]

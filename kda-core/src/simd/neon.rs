@@ -6,7 +6,7 @@ use core::arch::aarch64::*;
 
 use half::bf16;
 
-use super::vector::{Elem, Simd};
+use super::vector::{split_broadcast, split_dot, split_load, Elem, Simd, Split};
 
 /// Proof that the CPU has NEON (every aarch64 CPU).
 #[derive(Clone, Copy)]
@@ -26,6 +26,7 @@ impl Neon {
 impl Simd for Neon {
     type F = float32x4_t;
     type Tile = [float32x4_t; 4];
+    type P = Split<float32x4_t>;
     const LANES: usize = 4;
     // 6 tokens × 4 vectors = 24 accumulators + 4 panel vectors + 1 broadcast ≤ 32 registers.
     const PANEL_TOKENS: usize = 6;
@@ -139,6 +140,18 @@ impl Simd for Neon {
             f(vtrn2q_f64(d(t0), d(t2))),
             f(vtrn2q_f64(d(t1), d(t3))),
         ]
+    }
+    #[inline(always)]
+    unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> Split<float32x4_t> {
+        split_load(self, lo, hi)
+    }
+    #[inline(always)]
+    unsafe fn broadcast_pair(self, p: *const u32) -> Split<float32x4_t> {
+        split_broadcast(self, p)
+    }
+    #[inline(always)]
+    fn dot_pairs(self, acc: float32x4_t, a: Split<float32x4_t>, b: Split<float32x4_t>) -> float32x4_t {
+        split_dot(self, acc, a, b)
     }
     #[inline(always)]
     fn tile_col(self, tile: &[float32x4_t; 4], j: usize) -> float32x4_t {

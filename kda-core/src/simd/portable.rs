@@ -256,3 +256,44 @@ pub(super) fn fma_peak(iters: usize) -> (usize, f32) {
     }
     (iters * 32, acc.iter().sum())
 }
+
+/// The bf16 mode's reference: per token `t`, panel `p` and row `r`, the chain over pairs
+/// `j0..j1` of `acc[t·ld + 16p + r] ← (acc + x_odd·w_odd) + x_even·w_even` (multiply then
+/// add: a product of two bf16 is exact in f32, so this is the fused form's result).
+pub(super) fn pairs_panels_fma(
+    xs: &[&[u32]],
+    panels: &[&[bf16]],
+    (j0, j1, n): (usize, usize, usize),
+    acc: &mut [f32],
+    ld: usize,
+) {
+    for (t, x) in xs.iter().enumerate() {
+        for (p, panel) in panels.iter().enumerate() {
+            for r in 0..PANEL {
+                let a = &mut acc[t * ld + p * PANEL + r];
+                let mut v = *a;
+                for (j, &pair) in x.iter().enumerate().take(j1).skip(j0) {
+                    let even = f32::from_bits(pair << 16);
+                    let odd = f32::from_bits(pair & 0xffff_0000);
+                    let w_even = bf16_to_f32(panel[2 * j * PANEL + r]);
+                    let w_odd = if 2 * j + 1 < n {
+                        bf16_to_f32(panel[(2 * j + 1) * PANEL + r])
+                    } else {
+                        0.0
+                    };
+                    v += odd * w_odd;
+                    v += even * w_even;
+                }
+                *a = v;
+            }
+        }
+    }
+}
+
+/// `out[j]` = `x[2j]`, `x[2j + 1]` (0 past the end) rounded to bf16 and packed.
+pub(super) fn round_pairs_row(x: &[f32], out: &mut [u32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let hi = x.get(2 * j + 1).copied().unwrap_or(0.0);
+        *o = super::vector::round_pair(x[2 * j], hi);
+    }
+}
