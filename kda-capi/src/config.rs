@@ -154,6 +154,7 @@ impl KdaOptions {
             mode,
             chunk_size: self.chunk_size,
             isa,
+            ..ForwardOptions::default()
         })
     }
 }

@@ -82,8 +82,8 @@ pub use fixed::{decode_step_fixed, fixed_workspace_len, FixedCachesMut, FixedWei
 pub use layer::{
     commit_workspace_len, decode_workspace_len, forward_workspace_len, rollback_len,
     snapshot_count, snapshot_positions, validate_offsets, workspace_len, Batch, ForwardOptions,
-    InitialCaches, KdaLayer, Mode, Rollback, SnapshotPos, Snapshots, AUTO_CHUNK_MIN_TOKENS,
-    DEFAULT_CHUNK,
+    InitialCaches, KdaLayer, Mode, Precision, Rollback, SnapshotPos, Snapshots,
+    AUTO_CHUNK_MIN_TOKENS, DEFAULT_CHUNK,
 };
 pub use quant::{quantize_layer, quantize_rows, quantized_len, QuantLen};
 pub use simd::Isa;

@@ -79,6 +79,7 @@ fn int8_weights_match_dequantised_f32_on_every_path() {
                     mode,
                     chunk_size: 16,
                     isa: Some(isa),
+                    ..ForwardOptions::default()
                 };
                 let mut outs = Vec::new();
                 for ww in [wq, wd] {

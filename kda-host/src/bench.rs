@@ -15,7 +15,9 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use kda_core::{DecayGate, ForwardOptions, GateProj, InitialCaches, KdaConfig, KdaLayer, Mode};
+use kda_core::{
+    DecayGate, ForwardOptions, GateProj, InitialCaches, KdaConfig, KdaLayer, Mode, Precision,
+};
 use rayon::prelude::*;
 
 use crate::cache::SequenceCaches;
@@ -92,6 +94,8 @@ pub struct BenchOptions {
     /// Run on weights repacked into the panel layout ([`crate::Panels`]) rather than the
     /// row-major checkpoint layout.
     pub panels: bool,
+    /// The projections' arithmetic ([`Precision::Bf16`] needs `panels`).
+    pub precision: Precision,
 }
 
 /// Measured memory bandwidth, GB/s (1e9 bytes/s).
@@ -378,7 +382,11 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     report_setup(out, opts, &layer, &bw)?;
     let mut bench = Bench {
         opts,
-        layer: KdaLayer::new(&cfg, wts, ForwardOptions::default())?,
+        layer: KdaLayer::new(
+            &cfg,
+            wts,
+            ForwardOptions::default().with_precision(opts.precision),
+        )?,
         runner: Runner::default(),
         caches,
         rng: Rng::new(opts.seed ^ 0xbe9c),
@@ -490,14 +498,15 @@ fn report_setup(
     line(
         out,
         format!(
-            "kda bench: preset {} ({}), bf16 weights {:.1} MiB (seeded random) in the {} layout, batch {}, {} thread(s), ISA {}",
+            "kda bench: preset {} ({}), bf16 weights {:.1} MiB (seeded random) in the {} layout, batch {}, {} thread(s), ISA {}, precision {}",
             opts.preset.name(),
             describe(&layer.cfg),
             layer.weight_bytes() as f64 / (1 << 20) as f64,
             if opts.panels { "panel" } else { "row-major" },
             opts.batch,
             opts.threads,
-            kda_core::Isa::detect().name()
+            kda_core::Isa::detect().name(),
+            opts.precision.name()
         ),
     )?;
     line(

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::bench::Preset;
-use kda_core::Mode;
+use kda_core::{Mode, Precision};
 
 /// The command line of `kda`.
 #[derive(Debug, Parser)]
@@ -116,6 +116,11 @@ pub enum Command {
         /// in memory, faster) or `rows` (the checkpoint layout, used in place). Same results.
         #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
         layout: LayoutArg,
+        /// Projection arithmetic: `exact` (f32 activations, the reference's arithmetic) or
+        /// `bf16` (activations rounded to bf16, bf16 products with f32 sums: `vdpbf16ps` on
+        /// CPUs with avx512_bf16; needs `--layout panels`).
+        #[arg(long, value_enum, default_value_t = Precision::Exact)]
+        precision: Precision,
         /// Also keep each sequence's states after every S of its tokens (S, 2S, … up to its
         /// length) in the file given by --snapshots.
         #[arg(long, value_name = "S", requires = "snapshots")]
@@ -151,6 +156,10 @@ pub enum Command {
         /// layout, used in place).
         #[arg(long, value_enum, default_value_t = LayoutArg::Panels)]
         layout: LayoutArg,
+        /// Projection arithmetic: `exact` or `bf16` (see `kda forward --help`; needs
+        /// `--layout panels`).
+        #[arg(long, value_enum, default_value_t = Precision::Exact)]
+        precision: Precision,
     },
 }
 

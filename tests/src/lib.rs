@@ -327,6 +327,7 @@ impl CpuHarness {
                 mode: Mode::Chunked,
                 chunk_size: chunk,
                 isa: None,
+                ..ForwardOptions::default()
             },
         }
     }

@@ -106,6 +106,33 @@ pub const DEFAULT_CHUNK: usize = 16;
 /// which the recurrence is faster (README).
 pub const AUTO_CHUNK_MIN_TOKENS: usize = 8;
 
+/// The arithmetic of the projections (everything else always runs in f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Precision {
+    /// f32 activations times the weights widened to f32, one f32 chain per output (the
+    /// reference's arithmetic).
+    #[default]
+    Exact,
+    /// Each projection's input rows rounded to bf16 (nearest even), products of bf16 pairs
+    /// accumulated in f32: the precision torch and vLLM run bf16 checkpoints at, with
+    /// `vdpbf16ps` on CPUs with AVX512_BF16 ([`Isa::Avx512Bf16`]) and the same sums, bitwise,
+    /// emulated on every other path. Needs every projection as bf16 weights in the panel
+    /// layout ([`crate::MatRef::new_panels`]).
+    Bf16,
+}
+
+impl Precision {
+    /// The precision's name as the `kda` tool spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
 /// Options of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -116,6 +143,8 @@ pub struct ForwardOptions {
     pub chunk_size: usize,
     /// Kernel path; `None` picks the fastest this CPU supports.
     pub isa: Option<Isa>,
+    /// The projections' arithmetic ([`Precision::Exact`] by default).
+    pub precision: Precision,
 }
 
 impl Default for ForwardOptions {
@@ -124,6 +153,7 @@ impl Default for ForwardOptions {
             mode: Mode::Auto,
             chunk_size: DEFAULT_CHUNK,
             isa: None,
+            precision: Precision::Exact,
         }
     }
 }
@@ -140,6 +170,11 @@ impl ForwardOptions {
     /// These options with `mode`.
     pub fn with_mode(self, mode: Mode) -> Self {
         ForwardOptions { mode, ..self }
+    }
+
+    /// These options with `precision`.
+    pub fn with_precision(self, precision: Precision) -> Self {
+        ForwardOptions { precision, ..self }
     }
 
     /// Checks the chunk size and the ISA; returns the ISA to run.
@@ -182,7 +217,7 @@ pub fn workspace_len(
 ) -> Result<usize, KdaError> {
     cfg.validate()?;
     opts.validate()?;
-    let needs = Needs::chunked(opts.chunk_for(block_tokens));
+    let needs = Needs::chunked(opts.chunk_for(block_tokens)).with_precision(cfg, opts.precision);
     plan::workspace_for(cfg, needs, block_tokens, workers)
 }
 
@@ -219,6 +254,31 @@ pub fn validate_offsets(cu_seqlens: &[usize], tokens: usize) -> Result<usize, Kd
     Ok(cu_seqlens.len() - 1)
 }
 
+/// The bf16 mode's requirement: every projection's matrix bf16 in the panel layout.
+fn check_bf16_panels(w: &KdaWeights<'_>) -> Result<(), KdaError> {
+    fn gate<'w>(g: crate::weights::GateWeights<'w>) -> [Option<crate::MatRef<'w>>; 2] {
+        match g {
+            crate::weights::GateWeights::FullRank(m) => [Some(m), None],
+            crate::weights::GateWeights::LowRank { down, up } => [Some(down), Some(up)],
+        }
+    }
+    let fixed = [w.q_proj, w.k_proj, w.v_proj, w.b_proj, w.o_proj].map(Some);
+    let all = fixed
+        .into_iter()
+        .chain(gate(w.decay_proj))
+        .chain(gate(w.output_gate));
+    let ok = |m: &crate::MatRef<'_>| m.is_panels() && matches!(m.data(), crate::Data::Bf16(_));
+    if all.flatten().all(|m| ok(&m)) {
+        Ok(())
+    } else {
+        Err(KdaError::Config {
+            field: "precision",
+            reason: "bf16 precision needs every projection as bf16 weights in the panel layout \
+                     (MatRef::new_panels; kda-host: Model::repack_panels)",
+        })
+    }
+}
+
 /// The tokens of one forward call: `N` packed sequences and where their outputs go.
 #[derive(Debug)]
 pub struct Batch<'a> {
@@ -252,6 +312,9 @@ impl<'w> KdaLayer<'w> {
     ) -> Result<Self, KdaError> {
         weights.validate(cfg)?;
         let isa = opts.validate()?;
+        if opts.precision == Precision::Bf16 {
+            check_bf16_panels(&weights)?;
+        }
         Ok(KdaLayer {
             cfg: *cfg,
             weights,
@@ -282,6 +345,11 @@ impl<'w> KdaLayer<'w> {
         self.isa
     }
 
+    /// `base` with the room the layer's precision needs.
+    fn needs(&self, base: Needs) -> Needs {
+        base.with_precision(&self.cfg, self.opts.precision)
+    }
+
     /// The same layer with another mode (the rest stays validated).
     pub fn with_mode(self, mode: Mode) -> Self {
         KdaLayer {
@@ -294,13 +362,18 @@ impl<'w> KdaLayer<'w> {
     /// tokens on `workers` workers (see [`workspace_len`]).
     pub fn workspace_len(&self, block_tokens: usize, workers: usize) -> Result<usize, KdaError> {
         let chunk = self.opts.chunk_for(block_tokens);
-        plan::workspace_for(&self.cfg, Needs::chunked(chunk), block_tokens, workers)
+        plan::workspace_for(
+            &self.cfg,
+            self.needs(Needs::chunked(chunk)),
+            block_tokens,
+            workers,
+        )
     }
 
     /// f32 elements of workspace for a [`Self::decode_step`] over `batch` sequences in one
     /// block on `workers` workers.
     pub fn decode_workspace_len(&self, batch: usize, workers: usize) -> Result<usize, KdaError> {
-        plan::workspace_for(&self.cfg, Needs::default(), batch, workers)
+        plan::workspace_for(&self.cfg, self.needs(Needs::default()), batch, workers)
     }
 
     /// Runs the layer over the `N` packed sequences of `batch`.
@@ -361,7 +434,7 @@ impl<'w> KdaLayer<'w> {
         }
         let longest = (0..n).map(|s| seqs.len(s)).max().unwrap_or(0);
         let chunk = self.opts.chunk_for(longest);
-        let needs = Needs::chunked(chunk);
+        let needs = self.needs(Needs::chunked(chunk));
         let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, needs, exec.workers(), 1)?;
         if init == InitialCaches::Zero {
             caches.reset();
@@ -390,7 +463,7 @@ impl<'w> KdaLayer<'w> {
     ) -> Result<(), KdaError> {
         let n = self.rows(x, out)?;
         caches.validate(&self.cfg, n)?;
-        let needs = Needs::default();
+        let needs = self.needs(Needs::default());
         let size = BlockSize::fit(&self.cfg, workspace.len(), n, needs, exec.workers(), 1)?;
         let layer = self.with_mode(Mode::Recurrent);
         let seqs = Sequences::Fixed { count: n, len: 1 };
@@ -412,7 +485,7 @@ impl<'w> KdaLayer<'w> {
         drafts: usize,
         workers: usize,
     ) -> Result<usize, KdaError> {
-        let needs = Needs::verify();
+        let needs = self.needs(Needs::verify());
         let tokens = crate::error::mul("workspace", batch.max(1), drafts.max(1))?;
         plan::workspace_for(&self.cfg, needs, tokens, workers)
     }
@@ -447,7 +520,7 @@ impl<'w> KdaLayer<'w> {
             rollback.data.len(),
             rollback_len(&self.cfg, n, d)?,
         )?;
-        let needs = Needs::verify();
+        let needs = self.needs(Needs::verify());
         let size = BlockSize::fit(&self.cfg, workspace.len(), tokens, needs, exec.workers(), d)?;
         let views = VerifyViews {
             record: Shared::new(rollback.data),
@@ -548,7 +621,7 @@ impl KdaLayer<'_> {
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
         let layout = call.size.layout(&self.cfg)?;
-        let [q, k, v, decay, gate, beta, low_rank, scratch] = layout.carve(workspace)?;
+        let [q, k, v, decay, gate, beta, low_rank, pairs, scratch] = layout.carve(workspace)?;
         let bufs = BlockBuffers {
             q,
             k,
@@ -557,6 +630,7 @@ impl KdaLayer<'_> {
             gate,
             beta,
             low_rank,
+            pairs: bytemuck::cast_slice_mut(pairs),
             scratch: Shared::new(scratch),
         };
         let caches = CacheViews::new(caches);
@@ -605,11 +679,12 @@ impl KdaLayer<'_> {
             gate: &gate,
             low_rank: &low_rank,
         };
-        round.input_projections(x, &views, exec)?;
+        let pairs = &mut bufs.pairs[..b * call.size.pairs];
+        round.input_projections(x, &views, pairs, exec)?;
         if rf + rg > 0 {
             // SAFETY: round 1 has finished; nothing else refers to the bottleneck rows now.
             let low = unsafe { low_rank.slice("bottleneck", 0, b * (rf + rg))? };
-            round.low_rank_up(low, &views, exec)?;
+            round.low_rank_up(low, &views, pairs, exec)?;
         }
         let heads = HeadBuffers {
             block: &views,
@@ -626,7 +701,7 @@ impl KdaLayer<'_> {
         // SAFETY: this block's output rows are disjoint from every other block's, and within
         // the round each tile writes its own output columns.
         let rows = unsafe { out.slice("output rows", block.t0 * hidden, b * hidden)? };
-        round.output(normed, &Shared::new(rows), exec)
+        round.output(normed, &Shared::new(rows), pairs, exec)
     }
 
     /// Round 2: one task per (sequence, head) of the block.
@@ -702,6 +777,7 @@ struct BlockBuffers<'a> {
     gate: &'a mut [f32],
     beta: &'a mut [f32],
     low_rank: &'a mut [f32],
+    pairs: &'a mut [u32],
     scratch: Shared<'a>,
 }
 

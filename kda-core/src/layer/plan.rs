@@ -3,6 +3,7 @@
 
 use core::ops::Range;
 
+use super::Precision;
 use crate::config::KdaConfig;
 use crate::error::{add, mul, KdaError};
 use crate::ops::chunked::chunked_scratch_len;
@@ -54,13 +55,17 @@ pub(crate) fn per_worker(cfg: &KdaConfig, needs: Needs, block: usize) -> Result<
     Ok(seq_head.max(proj))
 }
 
-/// What the (sequence, head) tasks of a call need in their workers' scratch.
+/// What a call needs beyond the block's intermediates: the (sequence, head) tasks' scratch,
+/// and the bf16 mode's rounded activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Needs {
     /// The chunked kernel's scratch for this chunk size, when some sequence runs chunked.
     pub(crate) chunk: Option<usize>,
     /// Private copies of one head's caches (a speculative verify leaves the caches alone).
     pub(crate) verify: bool,
+    /// bf16 pairs per token of the projections' rounded inputs ([`pairs_width`]; 0 in exact
+    /// mode).
+    pub(crate) pairs: usize,
 }
 
 impl Needs {
@@ -68,17 +73,39 @@ impl Needs {
     pub(crate) fn chunked(chunk: Option<usize>) -> Self {
         Needs {
             chunk,
-            verify: false,
+            ..Needs::default()
         }
     }
 
     /// The needs of a speculative verify (recurrent, with private cache copies).
     pub(crate) fn verify() -> Self {
         Needs {
-            chunk: None,
             verify: true,
+            ..Needs::default()
         }
     }
+
+    /// These needs with room for the bf16 mode's rounded activations when `precision` asks
+    /// for it.
+    pub(crate) fn with_precision(self, cfg: &KdaConfig, precision: Precision) -> Self {
+        let pairs = match precision {
+            Precision::Exact => 0,
+            Precision::Bf16 => pairs_width(cfg),
+        };
+        Needs { pairs, ..self }
+    }
+}
+
+/// bf16 pairs per token that holds any projection round's inputs rounded to bf16: the
+/// hidden rows (round 1), both low-rank bottlenecks side by side (round 1b), the normed rows
+/// (round 3).
+pub(crate) fn pairs_width(cfg: &KdaConfig) -> usize {
+    let (rf, rg) = ranks(cfg);
+    let d = cfg.heads.saturating_mul(cfg.head_dim);
+    cfg.hidden
+        .div_ceil(2)
+        .max(rf.div_ceil(2) + rg.div_ceil(2))
+        .max(d.div_ceil(2))
 }
 
 /// f32 elements a verify task needs for its copy of one head's recurrent state (`K·K`) and
@@ -106,11 +133,13 @@ pub(crate) enum Region {
     Beta,
     /// `[B, r_decay + r_gate]` low-rank bottlenecks.
     LowRank,
+    /// `[B, pairs]` a projection round's inputs rounded to bf16 pairs (bf16 mode; else empty).
+    Pairs,
     /// `[workers, worker_len]` per-worker scratch.
     Workers,
 }
 
-const REGIONS: [Region; 8] = [
+const REGIONS: [Region; 9] = [
     Region::Q,
     Region::K,
     Region::V,
@@ -118,6 +147,7 @@ const REGIONS: [Region; 8] = [
     Region::Gate,
     Region::Beta,
     Region::LowRank,
+    Region::Pairs,
     Region::Workers,
 ];
 
@@ -125,14 +155,15 @@ const REGIONS: [Region; 8] = [
 /// start rounded up to [`ALIGN`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct WorkspaceLayout {
-    ranges: [Range<usize>; 8],
+    ranges: [Range<usize>; 9],
 }
 
 impl WorkspaceLayout {
-    /// The layout for blocks of `block` tokens and `workers` scratch regions of `worker_len`.
+    /// The layout for blocks of `block` tokens, `pairs` bf16 pairs per token ([`Needs`]) and
+    /// `workers` scratch regions of `worker_len`.
     pub(crate) fn new(
         cfg: &KdaConfig,
-        block: usize,
+        (block, pairs): (usize, usize),
         worker_len: usize,
         workers: usize,
     ) -> Result<Self, KdaError> {
@@ -145,10 +176,11 @@ impl WorkspaceLayout {
                 }
                 Region::Beta => mul("workspace", block, cfg.heads),
                 Region::LowRank => mul("workspace", block, add("workspace", rf, rg)?),
+                Region::Pairs => mul("workspace", block, pairs),
                 Region::Workers => mul("workspace", worker_len, workers),
             }
         };
-        let mut ranges: [Range<usize>; 8] = Default::default();
+        let mut ranges: [Range<usize>; 9] = Default::default();
         let mut at = 0usize;
         for (slot, r) in ranges.iter_mut().zip(REGIONS) {
             let start = add("workspace", at, ALIGN - 1)? / ALIGN * ALIGN;
@@ -161,7 +193,7 @@ impl WorkspaceLayout {
 
     /// f32 elements the layout spans.
     pub(crate) fn total(&self) -> usize {
-        self.ranges[7].end
+        self.ranges[8].end
     }
 
     /// Where region `r` lies.
@@ -171,7 +203,7 @@ impl WorkspaceLayout {
     }
 
     /// Splits `ws` (at least [`Self::total`] long) into the regions, in [`Region`] order.
-    pub(crate) fn carve<'a>(&self, ws: &'a mut [f32]) -> Result<[&'a mut [f32]; 8], KdaError> {
+    pub(crate) fn carve<'a>(&self, ws: &'a mut [f32]) -> Result<[&'a mut [f32]; 9], KdaError> {
         if ws.len() < self.total() {
             return Err(KdaError::Internal {
                 what: "workspace layout",
@@ -179,7 +211,7 @@ impl WorkspaceLayout {
         }
         let mut rest = ws;
         let mut at = 0;
-        let mut parts: [&'a mut [f32]; 8] = Default::default();
+        let mut parts: [&'a mut [f32]; 9] = Default::default();
         for (part, range) in parts.iter_mut().zip(&self.ranges) {
             let (_, tail) = rest.split_at_mut(range.start - at);
             let (this, tail) = tail.split_at_mut(range.len());
@@ -199,7 +231,7 @@ pub(crate) fn workspace_for(
     workers: usize,
 ) -> Result<usize, KdaError> {
     let wk = per_worker(cfg, needs, block.max(1))?;
-    Ok(WorkspaceLayout::new(cfg, block.max(1), wk, workers.max(1))?.total())
+    Ok(WorkspaceLayout::new(cfg, (block.max(1), needs.pairs), wk, workers.max(1))?.total())
 }
 
 /// The block size a workspace allows and the scratch each worker gets.
@@ -211,6 +243,8 @@ pub(crate) struct BlockSize {
     pub(crate) worker_len: usize,
     /// Workers (each with its own scratch).
     pub(crate) workers: usize,
+    /// bf16 pairs per token of the rounded activations (0 in exact mode).
+    pub(crate) pairs: usize,
 }
 
 impl BlockSize {
@@ -243,18 +277,27 @@ impl BlockSize {
         let best = largest(1, (PROJECT_TOKENS / unit).clamp(1, units), fits)?;
         let worker_len = per_worker(cfg, needs, best * unit)?;
         let grown = largest(best, units, |m| {
-            Ok(WorkspaceLayout::new(cfg, m * unit, worker_len, workers)?.total() <= ws)
+            Ok(
+                WorkspaceLayout::new(cfg, (m * unit, needs.pairs), worker_len, workers)?.total()
+                    <= ws,
+            )
         })?;
         Ok(BlockSize {
             tokens: grown * unit,
             worker_len,
             workers,
+            pairs: needs.pairs,
         })
     }
 
     /// The layout of a block of `tokens` tokens with this scratch.
     pub(crate) fn layout(&self, cfg: &KdaConfig) -> Result<WorkspaceLayout, KdaError> {
-        WorkspaceLayout::new(cfg, self.tokens, self.worker_len, self.workers)
+        WorkspaceLayout::new(
+            cfg,
+            (self.tokens, self.pairs),
+            self.worker_len,
+            self.workers,
+        )
     }
 }
 
@@ -424,7 +467,7 @@ mod tests {
             KdaConfig::kimi_k3(7168, 96, 128),
         ] {
             for (block, wk, workers) in [(1, 100, 1), (37, 5000, 3), (256, 9, 2)] {
-                let l = WorkspaceLayout::new(&cfg, block, wk, workers).unwrap();
+                let l = WorkspaceLayout::new(&cfg, (block, 3), wk, workers).unwrap();
                 let mut prev_end = 0;
                 for r in REGIONS {
                     let range = l.range(r);
@@ -463,7 +506,7 @@ mod tests {
                     assert!(b.tokens >= 1 && b.tokens <= tokens.max(1));
                     assert!(b.layout(&cfg).unwrap().total() <= ws);
                     if b.tokens < tokens {
-                        let bigger = WorkspaceLayout::new(&cfg, b.tokens + 1, b.worker_len, 2);
+                        let bigger = WorkspaceLayout::new(&cfg, (b.tokens + 1, 0), b.worker_len, 2);
                         assert!(
                             bigger.unwrap().total() > ws,
                             "T{tokens} ws{ws}: not largest"

@@ -6,10 +6,22 @@ use crate::error::KdaError;
 use crate::exec::{Executor, FirstError, Shared};
 use crate::math::exp;
 use crate::ops::gate::decay_run;
-use crate::ops::linear::project_tile;
+use crate::ops::linear::{project_tile, project_tile_pairs};
 use crate::weights::{GateWeights, MatRef};
 
-use super::KdaLayer;
+use super::{KdaLayer, Precision};
+
+/// Most projections in one round (round 1: q, k, v, decay, beta, output gate).
+const MAX_PROJS: usize = 6;
+
+/// A projection's input rows rounded to bf16 pairs (bf16 mode): row `t` is
+/// `data[t·ld + off..][..cols.div_ceil(2)]`.
+#[derive(Clone, Copy)]
+struct PairsIn<'a> {
+    data: &'a [u32],
+    ld: usize,
+    off: usize,
+}
 
 /// Output rows per projection task: 64 lets decode stream four 16-row panels at once
 /// (panel-layout weights) and is a whole number of the kernels' 8-, 16- and 32-row groups.
@@ -80,18 +92,28 @@ pub(super) struct Round<'r, 'w> {
 }
 
 impl Round<'_, '_> {
-    /// Runs every tile of `projs` as one round of tasks on `exec`.
-    pub(super) fn run(&self, projs: &[Proj<'_, '_>], exec: &dyn Executor) -> Result<(), KdaError> {
+    /// Runs every tile of `projs` as one round of tasks on `exec`; in bf16 mode their inputs
+    /// are first rounded into `pairs`.
+    fn run(
+        &self,
+        projs: &[Proj<'_, '_>],
+        pairs: &mut [u32],
+        exec: &dyn Executor,
+    ) -> Result<(), KdaError> {
+        let rounded = match self.layer.opts.precision {
+            Precision::Exact => [None; MAX_PROJS],
+            Precision::Bf16 => self.round_inputs(projs, pairs)?,
+        };
         let tiles = |p: &Proj<'_, '_>| p.w.rows().div_ceil(TILE);
         let total: usize = projs.iter().map(tiles).sum();
         let first_error = FirstError::default();
         exec.run(total, &|task, worker| {
             let mut t = task;
-            for p in projs {
+            for (p, pin) in projs.iter().zip(rounded) {
                 let n = tiles(p);
                 if t < n {
                     let rows = t * TILE..((t + 1) * TILE).min(p.w.rows());
-                    first_error.record(self.tile(p, rows, worker));
+                    first_error.record(self.tile(p, pin, rows, worker));
                     return;
                 }
                 t -= n;
@@ -100,10 +122,56 @@ impl Round<'_, '_> {
         first_error.take()
     }
 
-    /// Output rows `rows` of `p` for the block's tokens, on worker `worker`'s scratch.
+    /// Rounds the distinct input rows of `projs` (projections reading the same columns share
+    /// them) to bf16 pairs, side by side in rows of `pairs`; one view per projection.
+    fn round_inputs<'p>(
+        &self,
+        projs: &[Proj<'_, '_>],
+        pairs: &'p mut [u32],
+    ) -> Result<[Option<PairsIn<'p>>; MAX_PROJS], KdaError> {
+        let key = |p: &Proj<'_, '_>| (p.x.as_ptr(), p.x_off, p.w.cols());
+        let mut offs = [0usize; MAX_PROJS];
+        let mut ld = 0;
+        for (i, p) in projs.iter().enumerate().take(MAX_PROJS) {
+            offs[i] = match projs[..i].iter().position(|q| key(q) == key(p)) {
+                Some(j) => offs[j],
+                None => {
+                    ld += p.w.cols().div_ceil(2);
+                    ld - p.w.cols().div_ceil(2)
+                }
+            };
+        }
+        if projs.len() > MAX_PROJS || pairs.len() < self.tokens * ld {
+            return Err(KdaError::Internal {
+                what: "bf16 pairs region",
+            });
+        }
+        let isa = self.layer.isa;
+        for (i, p) in projs.iter().enumerate() {
+            if projs[..i].iter().any(|q| key(q) == key(p)) {
+                continue;
+            }
+            let (cols, width) = (p.w.cols(), p.w.cols().div_ceil(2));
+            for t in 0..self.tokens {
+                let x = &p.x[t * p.x_ld + p.x_off..t * p.x_ld + p.x_off + cols];
+                let out = &mut pairs[t * ld + offs[i]..t * ld + offs[i] + width];
+                crate::simd::round_pairs_row(isa, x, out)?;
+            }
+        }
+        let data: &'p [u32] = pairs;
+        let mut views = [None; MAX_PROJS];
+        for (v, &off) in views.iter_mut().zip(&offs).take(projs.len()) {
+            *v = Some(PairsIn { data, ld, off });
+        }
+        Ok(views)
+    }
+
+    /// Output rows `rows` of `p` for the block's tokens (from `pin`, its inputs rounded to
+    /// bf16 pairs, in bf16 mode), on worker `worker`'s scratch.
     fn tile(
         &self,
         p: &Proj<'_, '_>,
+        pin: Option<PairsIn<'_>>,
         rows: core::ops::Range<usize>,
         worker: usize,
     ) -> Result<(), KdaError> {
@@ -121,6 +189,20 @@ impl Round<'_, '_> {
         let mut post = PostOp::new(self.layer, p.post);
         let mut store = |t: usize, first: usize, vals: &[f32]| store(p, &mut post, t, first, vals);
         let isa = self.layer.isa;
+        if let Some(pi) = pin {
+            let width = cols.div_ceil(2);
+            let row = |t: usize| &pi.data[t * pi.ld + pi.off..t * pi.ld + pi.off + width];
+            return project_tile_pairs(
+                isa,
+                &row,
+                self.tokens,
+                &p.w,
+                rows.start,
+                rows.end,
+                scratch,
+                &mut store,
+            );
+        }
         project_tile(
             isa,
             &row,
@@ -251,6 +333,7 @@ impl<'r, 'w> Round<'r, 'w> {
         &self,
         x: &[f32],
         out: &BlockViews<'_>,
+        pairs: &mut [u32],
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
         let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
@@ -292,7 +375,7 @@ impl<'r, 'w> Round<'r, 'w> {
             proj(w.b_proj, out.beta, beta, Post::Sigmoid),
             gate,
         ];
-        self.run(&projs, exec)
+        self.run(&projs, pairs, exec)
     }
 
     /// Round 1b: the up-projections of the low-rank gates from the bottleneck rows `low`
@@ -301,6 +384,7 @@ impl<'r, 'w> Round<'r, 'w> {
         &self,
         low: &[f32],
         out: &BlockViews<'_>,
+        pairs: &mut [u32],
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
         let (cfg, w) = (&self.layer.cfg, &self.layer.weights);
@@ -330,8 +414,8 @@ impl<'r, 'w> Round<'r, 'w> {
             projs[1] = Some(up(u, rf, out.gate, token_major, Post::None));
         }
         match projs {
-            [Some(a), Some(b)] => self.run(&[a, b], exec),
-            [Some(a), None] | [None, Some(a)] => self.run(&[a], exec),
+            [Some(a), Some(b)] => self.run(&[a, b], pairs, exec),
+            [Some(a), None] | [None, Some(a)] => self.run(&[a], pairs, exec),
             [None, None] => Ok(()),
         }
     }
@@ -341,6 +425,7 @@ impl<'r, 'w> Round<'r, 'w> {
         &self,
         normed: &[f32],
         out: &Shared<'_>,
+        pairs: &mut [u32],
         exec: &dyn Executor,
     ) -> Result<(), KdaError> {
         let cfg = &self.layer.cfg;
@@ -356,6 +441,6 @@ impl<'r, 'w> Round<'r, 'w> {
             },
             post: Post::None,
         };
-        self.run(&[p], exec)
+        self.run(&[p], pairs, exec)
     }
 }

@@ -89,7 +89,7 @@ pub type Store<'s> = dyn FnMut(usize, usize, &[f32]) -> Result<(), KdaError> + '
 /// Receives the outputs of one tile's rows for token `t` as `put(t, vals)`.
 type Put<'s> = dyn FnMut(usize, &[f32]) -> Result<(), KdaError> + 's;
 /// Runs on a group of token rows starting at token `t0` as `f(t0, rows)`.
-type TokenGroup<'s, 'x> = dyn FnMut(usize, &[&'x [f32]]) -> Result<(), KdaError> + 's;
+type TokenGroup<'s, 'x, T = f32> = dyn FnMut(usize, &[&'x [T]]) -> Result<(), KdaError> + 's;
 
 /// Reduction steps per packed panel: 16 rows × 256 in f32 is 16 KB, half of a typical L1.
 const KC: usize = 256;
@@ -265,6 +265,97 @@ fn project_panels<'x>(
     Ok(())
 }
 
+/// [`project_tile`] in the bf16 precision mode: the input rows are bf16 pairs
+/// (`simd::round_pairs_row` of the f32 rows; `row(t)` is `W.cols.div_ceil(2)` long) and the
+/// matrix is bf16 in the panel layout. Each output is one chain over the pairs in order,
+/// `acc ← acc + x_odd·w_odd + x_even·w_even` (`vdpbf16ps` where the CPU has it,
+/// [`simd::pairs_panel_fma`]); prefill runs it over panels for blocks of up to 256 tokens,
+/// decode streams four panels at once ([`simd::pairs_panels_fma`]), with the same chains, so
+/// every value is bitwise the same for any `o0..o1` split, any `tokens` and any scratch size.
+/// Another matrix form is an [`KdaError::Internal`] error (the layer checks it first).
+// The kernel contract of a projection tile, as `project_tile`.
+#[allow(clippy::too_many_arguments)]
+pub fn project_tile_pairs<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [u32],
+    tokens: usize,
+    w: &MatRef<'_>,
+    o0: usize,
+    o1: usize,
+    scratch: &mut [f32],
+    store: &mut Store<'_>,
+) -> Result<(), KdaError> {
+    if !(w.is_panels() && matches!(w.data(), Data::Bf16(_))) {
+        return Err(KdaError::Internal {
+            what: "bf16 projections need bf16 panel-layout weights",
+        });
+    }
+    let n = w.cols();
+    let part = |p: usize| {
+        let base = p * PANEL;
+        (o0.max(base) - base, o1.min(base + PANEL) - base)
+    };
+    let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
+    if tokens > DIRECT_MAX && scratch.len() >= PANEL * 6 {
+        let tb = tokens.min(TB).min(scratch.len() / PANEL);
+        let acc_all = &mut scratch[..tb * PANEL];
+        let mut xs: [&[u32]; TB] = [&[]; TB];
+        for p in p0..p1 {
+            let (panel, next) = (w.panel(p), w.panel(p + 1));
+            let (lo, hi) = part(p);
+            let mut t0 = 0;
+            while t0 < tokens {
+                let m = (tokens - t0).min(tb);
+                for (i, x) in xs.iter_mut().enumerate().take(m) {
+                    *x = row(t0 + i);
+                }
+                let acc = &mut acc_all[..m * PANEL];
+                acc.fill(0.0);
+                let all = simd::PairSteps::all(n);
+                let mut j0 = 0;
+                while j0 < all.j1 {
+                    let j1 = (j0 + KC / 2).min(all.j1);
+                    if t0 == 0 {
+                        if let Some(s) = next.get(2 * j0 * PANEL..(2 * j1 * PANEL).min(next.len()))
+                        {
+                            simd::prefetch(s);
+                        }
+                    }
+                    let steps = simd::PairSteps { j0, j1, n };
+                    simd::pairs_panel_fma(isa, &xs[..m], steps, panel, acc)?;
+                    j0 = j1;
+                }
+                for (i, a) in acc.chunks_exact(PANEL).enumerate() {
+                    store(t0 + i, p * PANEL + lo, &a[lo..hi])?;
+                }
+                t0 += m;
+            }
+        }
+        return Ok(());
+    }
+    let mut acc = [0.0f32; 4 * 4 * PANEL];
+    let mut pa = p0;
+    while pa < p1 {
+        let pb = (pa + 4).min(p1);
+        let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+        token_groups(row, tokens, &mut |t0, xs| {
+            acc.fill(0.0);
+            let all = simd::PairSteps::all(n);
+            simd::pairs_panels_fma(isa, xs, &panels[..pb - pa], all, &mut acc)?;
+            for (i, a) in acc.chunks_exact(4 * PANEL).take(xs.len()).enumerate() {
+                for p in pa..pb {
+                    let (lo, hi) = part(p);
+                    let v = &a[(p - pa) * PANEL..(p - pa + 1) * PANEL];
+                    store(t0 + i, p * PANEL + lo, &v[lo..hi])?;
+                }
+            }
+            Ok(())
+        })?;
+        pa = pb;
+    }
+    Ok(())
+}
+
 /// Where the packed GEMM takes a tile's weights from.
 #[derive(Clone, Copy)]
 enum Src<'a, 'w> {
@@ -297,15 +388,15 @@ fn direct<'x>(
 
 /// Calls `f(t0, rows t0..t0 + m)` for consecutive groups of up to [`DIRECT_MAX`] tokens;
 /// stops at the first error of `f`.
-fn token_groups<'x>(
-    row: &dyn Fn(usize) -> &'x [f32],
+fn token_groups<'x, T>(
+    row: &dyn Fn(usize) -> &'x [T],
     tokens: usize,
-    f: &mut TokenGroup<'_, 'x>,
+    f: &mut TokenGroup<'_, 'x, T>,
 ) -> Result<(), KdaError> {
     let mut t0 = 0;
     while t0 < tokens {
         let m = (tokens - t0).min(DIRECT_MAX);
-        let xs: [&[f32]; DIRECT_MAX] =
+        let xs: [&[T]; DIRECT_MAX] =
             core::array::from_fn(|i| if i < m { row(t0 + i) } else { &[] });
         f(t0, &xs[..m])?;
         t0 += m;

@@ -181,14 +181,19 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     }
     #[inline(always)]
     unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> __m512i {
-        let (l, h) = (
-            _mm256_loadu_si256(lo as *const __m256i),
-            _mm256_loadu_si256(hi as *const __m256i),
-        );
         if BF16 {
-            let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h);
+            // Two consecutive panel rows (the common case) are one 64-byte load.
+            let both = if hi == lo.add(16) {
+                _mm512_loadu_si512(lo as *const __m512i)
+            } else {
+                let l = _mm256_loadu_si256(lo as *const __m256i);
+                let h = _mm256_loadu_si256(hi as *const __m256i);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h)
+            };
             _mm512_permutexvar_epi16(interleave_index(), both)
         } else {
+            let l = _mm256_loadu_si256(lo as *const __m256i);
+            let h = _mm256_loadu_si256(hi as *const __m256i);
             let h = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
             _mm512_or_si512(_mm512_cvtepu16_epi32(l), h)
         }
@@ -201,7 +206,9 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     fn dot_pairs(self, acc: __m512, a: __m512i, b: __m512i) -> __m512 {
         unsafe {
             if BF16 {
-                _mm512_dpbf16_ps(acc, core::mem::transmute(a), core::mem::transmute(b))
+                // SAFETY: both types are 64 bytes of plain data (32 bf16 either way).
+                let bh = |v: __m512i| core::mem::transmute::<__m512i, __m512bh>(v);
+                _mm512_dpbf16_ps(acc, bh(a), bh(b))
             } else {
                 let ((ae, ao), (be, bo)) = (split_pairs(a), split_pairs(b));
                 _mm512_fmadd_ps(ae, be, _mm512_fmadd_ps(ao, bo, acc))
@@ -212,7 +219,8 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     unsafe fn round_pairs(self, x: *const f32, out: *mut u32) {
         if BF16 {
             let (lo, hi) = (_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
-            let v: __m512i = core::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            // SAFETY: both types are 64 bytes of plain data (32 bf16 either way).
+            let v = core::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
             _mm512_storeu_si512(out as *mut __m512i, v)
         } else {
             for j in 0..16 {

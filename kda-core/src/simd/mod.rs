@@ -171,7 +171,11 @@ fn avx512_bf16_supported() -> bool {
 
 #[cfg(all(target_arch = "x86_64", not(any(feature = "std", test))))]
 fn avx512_bf16_supported() -> bool {
-    avx512_supported() && cfg!(all(target_feature = "avx512bw", target_feature = "avx512bf16"))
+    avx512_supported()
+        && cfg!(all(
+            target_feature = "avx512bw",
+            target_feature = "avx512bf16"
+        ))
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -1421,7 +1425,12 @@ mod tests {
         for path in test_paths() {
             for n in [1usize, 2, 3, 15, 16, 17, 33, 64, 255, 300] {
                 let panels: Vec<Vec<bf16>> = (0..4)
-                    .map(|p| rnd(n * PANEL, 40 + p).iter().map(|&v| bf16::from_f32(v)).collect())
+                    .map(|p| {
+                        rnd(n * PANEL, 40 + p)
+                            .iter()
+                            .map(|&v| bf16::from_f32(v))
+                            .collect()
+                    })
                     .collect();
                 let pr: Vec<&[bf16]> = panels.iter().map(|p| &p[..]).collect();
                 let all = PairSteps::all(n);
@@ -1437,7 +1446,10 @@ mod tests {
                     for st in halves {
                         pairs_panel_fma(path, &xs, st, pr[0], &mut got).unwrap();
                     }
-                    let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(g, w)| g.to_bits() == w.to_bits());
                     assert!(same, "{path:?} pairs_panel_fma n={n} tokens={tokens}");
                     if tokens > 4 {
                         continue;
@@ -1461,8 +1473,13 @@ mod tests {
                 }
             }
             let mut acc = std::vec![0.0f32; PANEL];
-            let bad = PairSteps { j1: 3, ..PairSteps::all(4) };
-            assert!(pairs_panel_fma(path, &[&[0u32; 3]], bad, &[bf16::ZERO; 64], &mut acc).is_err());
+            let bad = PairSteps {
+                j1: 3,
+                ..PairSteps::all(4)
+            };
+            assert!(
+                pairs_panel_fma(path, &[&[0u32; 3]], bad, &[bf16::ZERO; 64], &mut acc).is_err()
+            );
         }
     }
 
@@ -1500,7 +1517,10 @@ mod tests {
         }
         for path in test_paths() {
             for n in [0usize, 1, 2, 31, 32, 33, 63, xs.len()] {
-                let (mut want, mut got) = (std::vec![0u32; n.div_ceil(2)], std::vec![1u32; n.div_ceil(2)]);
+                let (mut want, mut got) = (
+                    std::vec![0u32; n.div_ceil(2)],
+                    std::vec![1u32; n.div_ceil(2)],
+                );
                 portable::round_pairs_row(&xs[..n], &mut want);
                 round_pairs_row(path, &xs[..n], &mut got).unwrap();
                 assert_eq!(got, want, "{path:?} round_pairs_row n={n}");

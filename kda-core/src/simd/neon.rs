@@ -150,7 +150,12 @@ impl Simd for Neon {
         split_broadcast(self, p)
     }
     #[inline(always)]
-    fn dot_pairs(self, acc: float32x4_t, a: Split<float32x4_t>, b: Split<float32x4_t>) -> float32x4_t {
+    fn dot_pairs(
+        self,
+        acc: float32x4_t,
+        a: Split<float32x4_t>,
+        b: Split<float32x4_t>,
+    ) -> float32x4_t {
         split_dot(self, acc, a, b)
     }
     #[inline(always)]

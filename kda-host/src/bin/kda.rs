@@ -10,7 +10,7 @@ use std::time::Instant;
 use clap::error::ErrorKind;
 use kda_core::{
     snapshot_count, snapshot_positions, DecayGate, ForwardOptions, GateProj, InitialCaches,
-    KdaConfig, KdaLayer, SnapshotPos,
+    KdaConfig, KdaLayer, Precision, SnapshotPos,
 };
 use kda_host::bench::{self, BenchOptions};
 use kda_host::checkpoint::layout::{GateTensors, WeightTensor};
@@ -268,6 +268,7 @@ struct ForwardArgs<'a> {
     mode: Mode,
     threads: Option<usize>,
     layout: LayoutArg,
+    precision: Precision,
     /// `(S, file)`: snapshots every S tokens of each sequence.
     snapshots: Option<(usize, &'a Path)>,
 }
@@ -349,7 +350,9 @@ fn forward(a: &ForwardArgs) -> Result<(), HostError> {
     // Every argument and file is checked: only now start the threads.
     let pool = thread_pool(a.threads)?;
     let mut runner = Runner::default();
-    let opts = ForwardOptions::default().with_mode(a.mode);
+    let opts = ForwardOptions::default()
+        .with_mode(a.mode)
+        .with_precision(a.precision);
     let layer = KdaLayer::new(cfg, w, opts).context(|| format!("layer {index}"))?;
     let at = match a.snapshots {
         Some((every, _)) => snapshot_list(&inp.cu_seqlens, every)?,
@@ -405,6 +408,7 @@ fn run(cli: Cli) -> Result<(), HostError> {
             mode,
             threads,
             layout,
+            precision,
             snapshot_every,
             snapshots,
         } => forward(&ForwardArgs {
@@ -417,6 +421,7 @@ fn run(cli: Cli) -> Result<(), HostError> {
             mode,
             threads,
             layout,
+            precision,
             snapshots: snapshot_every.zip(snapshots.as_deref()),
         }),
         Command::Bench {
@@ -427,6 +432,7 @@ fn run(cli: Cli) -> Result<(), HostError> {
             seed,
             threads,
             layout,
+            precision,
         } => {
             let pool = thread_pool(threads)?;
             let opts = BenchOptions {
@@ -438,6 +444,7 @@ fn run(cli: Cli) -> Result<(), HostError> {
                 threads: pool.current_num_threads(),
                 progress: true,
                 panels: layout == LayoutArg::Panels,
+                precision,
             };
             pool.install(|| bench::run(&opts, &mut std::io::stdout()))
         }
