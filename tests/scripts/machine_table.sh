@@ -12,7 +12,8 @@
 # * `kda bench` (kda-host), each case N times (default 3; the log keeps every run):
 #   Kimi Linear prefill T = 1024 at 1 and 2 threads (vs the FMA peak; 1 → 2 threads ≥ 1.8×),
 #   Kimi Linear decode, Kimi K3 decode batch 1 at 1 and 2 threads (vs the read reference,
-#   target ≥ 92 %), Kimi K3 decode batch 16 (GFLOP/s vs peak);
+#   target ≥ 92 %), Kimi K3 decode batch 16 (GFLOP/s vs peak); on a CPU with avx512_bf16 the
+#   same prefill and decode cases in the bf16 precision mode (--precision bf16);
 # * with --python PY (a Python that imports torch and fla-core, e.g. kda-py's CI venv under
 #   ~/.cache/kda-py): tests/scripts/bench_torch.py at 1 and 2 threads (the side by side: prefill
 #   ≥ 2× torch's f32 layer, K3 decode ≥ 1.1× torch's bf16 layer), and, if PY also imports kda,
@@ -76,6 +77,14 @@ bench "Kimi Linear decode, batch 1, 1 thread" --preset kimi-linear --prompt 16 -
 bench "Kimi K3 decode, batch 1, 1 thread" --preset kimi-k3 --prompt 16 --steps 32 --threads 1
 bench "Kimi K3 decode, batch 1, 2 threads" --preset kimi-k3 --prompt 16 --steps 32 --threads 2
 bench "Kimi K3 decode, batch 16, 1 thread" --preset kimi-k3 --prompt 16 --steps 16 --batch 16 --threads 1
+if grep -q -w avx512_bf16 /proc/cpuinfo; then
+    bench "bf16 mode: Kimi Linear prefill T=1024, 1 thread" --preset kimi-linear --prompt 1024 --steps 8 --threads 1 --precision bf16
+    bench "bf16 mode: Kimi Linear prefill T=1024, 2 threads" --preset kimi-linear --prompt 1024 --steps 8 --threads 2 --precision bf16
+    bench "bf16 mode: Kimi K3 decode, batch 1, 1 thread" --preset kimi-k3 --prompt 16 --steps 32 --threads 1 --precision bf16
+    bench "bf16 mode: Kimi K3 decode, batch 16, 1 thread" --preset kimi-k3 --prompt 16 --steps 16 --batch 16 --threads 1 --precision bf16
+else
+    echo "skipped: bf16 mode cases (no avx512_bf16; the mode runs emulated here, slower than exact)"
+fi
 
 if [ -n "$PY" ]; then
     if "$PY" -c 'import torch, fla' 2>/dev/null; then
