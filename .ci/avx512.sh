@@ -150,7 +150,11 @@ error: action=ignore
 info: action=ignore
 debug: action=ignore
 clock: sync=none, time0=local
+speaker: enabled=0
+sound: waveoutdrv=dummy, waveindrv=dummy, midioutdrv=dummy
 EOF
+# No sound: on a host without a sound card Bochs 2.7's ALSA mixer thread aborts at start
+# ("buffer overflow detected" in mixer_thread, seen on a Zen 4 VM); the dummy drivers avoid it.
 # Debian's Bochs is built with its debugger: "c" (continue) starts the machine.
 echo c >"$IMG/dbg.rc"
 

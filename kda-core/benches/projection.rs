@@ -5,7 +5,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kda_core::internals::{project_scratch_len, project_tile, PROJECT_SCRATCH};
+use kda_core::internals::{
+    project_scratch_len, project_tile, project_tile_pairs, round_pairs_row, PROJECT_SCRATCH,
+};
 use kda_core::{bf16, Data, Isa, MatRef};
 
 #[path = "common/peak.rs"]
@@ -31,6 +33,32 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize)
                 w,
                 o0,
                 o0 + 16,
+                &mut scratch,
+                &mut |t, o, v| {
+                    blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);
+                    Ok(())
+                },
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// [`run`] in the bf16 mode: token rows of bf16 pairs, 64-row tiles.
+fn run_pairs(isa: Isa, pairs: &[u32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize) {
+    let w2 = N_IN / 2;
+    for b in (0..M).step_by(BLOCK) {
+        let row = |t: usize| &pairs[(b + t) * w2..(b + t + 1) * w2];
+        let blk = &mut out[b * N_OUT..(b + BLOCK) * N_OUT];
+        let mut scratch = vec![0.0f32; scratch_len];
+        for o0 in (0..N_OUT).step_by(64) {
+            project_tile_pairs(
+                isa,
+                &row,
+                BLOCK,
+                w,
+                o0,
+                o0 + 64,
                 &mut scratch,
                 &mut |t, o, v| {
                     blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);
@@ -79,6 +107,16 @@ fn bench(c: &mut Criterion) {
     let mp = MatRef::new_panels("w", Data::Bf16(&pk), N_OUT, N_IN).unwrap();
     g.bench_function("bf16_weights_panels", |b| {
         b.iter(|| run(isa, &x, &mp, &mut out, whole))
+    });
+    // The bf16 precision mode: inputs rounded to bf16 pairs once, `vdpbf16ps` where the CPU
+    // has avx512_bf16 (two multiply-adds per instruction and lane: its peak is twice the FMA
+    // peak above), 64-row tiles as the layer's.
+    let mut pairs = vec![0u32; M * N_IN / 2];
+    for (r, p) in x.chunks_exact(N_IN).zip(pairs.chunks_exact_mut(N_IN / 2)) {
+        round_pairs_row(isa, r, p).unwrap();
+    }
+    g.bench_function("bf16_mode_panels", |b| {
+        b.iter(|| run_pairs(isa, &pairs, &mp, &mut out, whole))
     });
     g.finish();
     black_box(&out);

@@ -93,7 +93,18 @@ pub use weights::{pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef
 /// [`KdaLayer`] and [`ops`] instead.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::ops::linear::{project_scratch_len, project_tile, PROJECT_SCRATCH};
+    pub use crate::ops::linear::{
+        project_scratch_len, project_tile, project_tile_pairs, PROJECT_SCRATCH,
+    };
+
+    /// Rounds `x` to bf16 pairs for [`project_tile_pairs`] (`out`: `x.len().div_ceil(2)`).
+    pub fn round_pairs_row(
+        isa: crate::Isa,
+        x: &[f32],
+        out: &mut [u32],
+    ) -> Result<(), crate::KdaError> {
+        crate::simd::round_pairs_row(isa, x, out)
+    }
 
     /// `C[m×n] += A[m×k]·B[k×n]` (row-major, each operand with its leading dimension) on
     /// `isa`: the small GEMM of the chunked form.

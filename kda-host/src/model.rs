@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use kda_core::{ForwardOptions, InitialCaches, KdaConfig, KdaLayer, KdaWeights, Mode, SnapshotPos};
+use kda_core::{
+    ForwardOptions, InitialCaches, KdaConfig, KdaLayer, KdaWeights, Mode, Precision, SnapshotPos,
+};
 
 use crate::cache::SequenceCaches;
 use crate::checkpoint::config::ModelConfig;
@@ -41,6 +43,8 @@ pub struct Model {
     /// Panel-layout copies of each loaded layer's bf16 matrices, once
     /// [`Model::repack_panels`] has run (else empty).
     panels: Vec<Panels>,
+    /// The projections' arithmetic of every call ([`Model::set_precision`]).
+    precision: Precision,
 }
 
 impl Model {
@@ -66,6 +70,7 @@ impl Model {
             files,
             layers,
             panels: Vec::new(),
+            precision: Precision::Exact,
         }
     }
 
@@ -131,6 +136,23 @@ impl Model {
         Ok(())
     }
 
+    /// Sets the projections' arithmetic of every later call ([`Precision::Exact`] at first).
+    /// [`Precision::Bf16`] needs the panel layout: call [`Model::repack_panels`] first.
+    pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+        if precision == Precision::Bf16 && !self.is_repacked() {
+            return Err(HostError::Invalid(
+                "bf16 precision needs the panel layout: call Model::repack_panels first".into(),
+            ));
+        }
+        self.precision = precision;
+        Ok(())
+    }
+
+    /// The projections' arithmetic ([`Model::set_precision`]).
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
     /// Whether [`Model::repack_panels`] has run.
     pub fn is_repacked(&self) -> bool {
         !self.panels.is_empty()
@@ -169,7 +191,12 @@ impl Model {
         cache: &mut ModelCache,
         mode: Mode,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(index, ForwardOptions::default().with_mode(mode))?;
+        let layer = self.kda_layer(
+            index,
+            ForwardOptions::default()
+                .with_mode(mode)
+                .with_precision(self.precision),
+        )?;
         let caches = cache.layer_mut(index)?;
         runner.forward(&layer, x, cu_seqlens, caches, InitialCaches::Given)
     }
@@ -182,7 +209,10 @@ impl Model {
         x: &[f32],
         cache: &mut ModelCache,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(index, ForwardOptions::recurrent())?;
+        let layer = self.kda_layer(
+            index,
+            ForwardOptions::recurrent().with_precision(self.precision),
+        )?;
         runner.decode(&layer, x, cache.layer_mut(index)?)
     }
 
@@ -199,7 +229,12 @@ impl Model {
         mode: Mode,
         snapshots: &mut ModelSnapshots,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(index, ForwardOptions::default().with_mode(mode))?;
+        let layer = self.kda_layer(
+            index,
+            ForwardOptions::default()
+                .with_mode(mode)
+                .with_precision(self.precision),
+        )?;
         let caches = cache.layer_mut(index)?;
         let at = &snapshots.at;
         let given = InitialCaches::Given;
@@ -222,7 +257,10 @@ impl Model {
         cache: &mut ModelCache,
         rollback: &mut ModelRollback,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(index, ForwardOptions::recurrent())?;
+        let layer = self.kda_layer(
+            index,
+            ForwardOptions::recurrent().with_precision(self.precision),
+        )?;
         let (out, record) = runner.verify(&layer, x, rollback.drafts, cache.layer_mut(index)?)?;
         rollback.layers.retain(|(i, _)| *i != index);
         rollback.layers.push((index, record));
@@ -239,7 +277,10 @@ impl Model {
         cache: &mut ModelCache,
     ) -> Result<()> {
         for (index, record) in &mut rollback.layers {
-            let layer = self.kda_layer(*index, ForwardOptions::recurrent())?;
+            let layer = self.kda_layer(
+                *index,
+                ForwardOptions::recurrent().with_precision(self.precision),
+            )?;
             let caches = cache.layer_mut(*index)?;
             runner.commit(&layer, record, rollback.drafts, accepted, caches)?;
         }

@@ -170,9 +170,20 @@ pub struct LayerShape {
     pub conv_width: usize,
 }
 
-/// Loads model layer `layer` (0-based) of the checkpoint folder `dir`.
-pub fn open_layer(dir: &Path, layer: usize) -> CoreResult<(Model, LayerShape)> {
-    let model = Model::open_layers(dir, &[layer]).map_err(msg)?;
+/// Loads model layer `layer` (0-based) of the checkpoint folder `dir`, with the projections'
+/// arithmetic `precision` (`"exact"` or `"bf16"`; bf16 repacks the weights into the panel
+/// layout it needs).
+pub fn open_layer(dir: &Path, layer: usize, precision: &str) -> CoreResult<(Model, LayerShape)> {
+    let precision = match precision {
+        "exact" => kda_core::Precision::Exact,
+        "bf16" => kda_core::Precision::Bf16,
+        p => return Err(format!("precision: expected 'exact' or 'bf16', got {p:?}")),
+    };
+    let mut model = Model::open_layers(dir, &[layer]).map_err(msg)?;
+    if precision == kda_core::Precision::Bf16 {
+        model.repack_panels().map_err(msg)?;
+    }
+    model.set_precision(precision).map_err(msg)?;
     let cfg = model.layer(layer).map_err(msg)?.cfg;
     let shape = LayerShape {
         hidden: cfg.hidden,

@@ -74,11 +74,18 @@ impl KdaLayer {
 
 #[pymethods]
 impl KdaLayer {
-    /// Loads model layer `layer` (0-based) of the checkpoint folder `path`.
+    /// Loads model layer `layer` (0-based) of the checkpoint folder `path`, with the
+    /// projections' arithmetic `precision` (`"exact"` or `"bf16"`).
     #[staticmethod]
-    #[pyo3(signature = (path, layer))]
-    fn from_pretrained(py: Python<'_>, path: PathBuf, layer: usize) -> PyResult<Self> {
-        let (model, shape) = py.detach(|| no_panic(|| core_api::open_layer(&path, layer)))?;
+    #[pyo3(signature = (path, layer, precision="exact"))]
+    fn from_pretrained(
+        py: Python<'_>,
+        path: PathBuf,
+        layer: usize,
+        precision: &str,
+    ) -> PyResult<Self> {
+        let (model, shape) =
+            py.detach(|| no_panic(|| core_api::open_layer(&path, layer, precision)))?;
         Ok(KdaLayer {
             model: Arc::new(model),
             layer,

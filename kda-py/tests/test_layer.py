@@ -114,6 +114,28 @@ def test_decode_continues_prefill_and_caches_fork(ckpt_dir, tmp_path):
     assert not cache.recurrent_state().any()
 
 
+@pytest.mark.parametrize("name", [n for n in LAYER_FILES if "_bf16_" in n])
+def test_bf16_precision_layer(name, ckpt_dir):
+    """precision="bf16": within the Rust suite's bound of fla's fp32 reference, not the exact
+    mode's bits, and decode steps continue it (chunked prefill vs recurrent decode: ≤ 1e-5)."""
+    t, meta = read_fixture(name)
+    folder = write_checkpoint(t, meta, ckpt_dir / ("bf16_" + name))
+    exact = kda.KdaLayer.from_pretrained(folder, 0)
+    layer = kda.KdaLayer.from_pretrained(folder, 0, precision="bf16")
+    x, cu = t["hidden_states"], t["cu_seqlens"].tolist()
+    n = len(cu) - 1
+    y = layer.prefill(x, layer.new_cache(n), cu_seqlens=cu)
+    assert rel_rms(y, t["output"]) <= 5e-3
+    assert not torch.equal(y, exact.prefill(x, exact.new_cache(n), cu_seqlens=cu))
+    one = x[cu[-2] : cu[-1]]
+    full = layer.prefill(one, layer.new_cache(1))
+    cache = layer.new_cache(1)
+    steps = torch.cat([layer.decode(one[i : i + 1], cache) for i in range(len(one))])
+    assert rel_rms(steps, full) <= TOL
+    with pytest.raises(ValueError, match="precision: expected 'exact' or 'bf16', got 'fp8'"):
+        kda.KdaLayer.from_pretrained(folder, 0, precision="fp8")
+
+
 def test_layer_bad_inputs(ckpt_dir, tmp_path):
     layer, t = _fixture_layer(ckpt_dir)
     cache = layer.new_cache(2)

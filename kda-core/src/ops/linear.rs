@@ -243,6 +243,31 @@ fn project_panels<'x>(
         }
         return Ok(());
     }
+    let mut kernel = |xs: &[&[f32]], panels: &[&[bf16]], acc: &mut [f32]| {
+        simd::panels_fma(isa, xs, panels, 0, n, acc)
+    };
+    decode_panels(row, tokens, w, (o0, o1), &mut kernel, store)
+}
+
+/// The panel kernel of a decode tile: `kernel(xs, panels, acc)` fills `acc[t·64 + 16p + r]`
+/// for up to 4 tokens × 4 panels.
+type PanelKernel<'k, T> = dyn FnMut(&[&[T]], &[&[bf16]], &mut [f32]) -> Result<(), KdaError> + 'k;
+
+/// Rows `o0..o1` of a panel-layout matrix for a few tokens: four panels at a time, token
+/// groups of up to [`DIRECT_MAX`], each group's sums from `kernel`.
+fn decode_panels<'x, T>(
+    row: &dyn Fn(usize) -> &'x [T],
+    tokens: usize,
+    w: &MatRef<'_>,
+    (o0, o1): (usize, usize),
+    kernel: &mut PanelKernel<'_, T>,
+    store: &mut Store<'_>,
+) -> Result<(), KdaError> {
+    let part = |p: usize| {
+        let base = p * PANEL;
+        (o0.max(base) - base, o1.min(base + PANEL) - base)
+    };
+    let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
     let mut acc = [0.0f32; 4 * 4 * PANEL];
     let mut pa = p0;
     while pa < p1 {
@@ -250,7 +275,7 @@ fn project_panels<'x>(
         let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
         token_groups(row, tokens, &mut |t0, xs| {
             acc.fill(0.0);
-            simd::panels_fma(isa, xs, &panels[..pb - pa], 0, n, &mut acc)?;
+            kernel(xs, &panels[..pb - pa], &mut acc)?;
             for (i, a) in acc.chunks_exact(4 * PANEL).take(xs.len()).enumerate() {
                 for p in pa..pb {
                     let (lo, hi) = part(p);
@@ -297,63 +322,62 @@ pub fn project_tile_pairs<'x>(
     };
     let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
     if tokens > DIRECT_MAX && scratch.len() >= PANEL * 6 {
-        let tb = tokens.min(TB).min(scratch.len() / PANEL);
-        let acc_all = &mut scratch[..tb * PANEL];
+        // Up to four panels at a time share each token block's k-slice of the inputs while it
+        // is in L2; the next group's panels are prefetched k-block by k-block.
+        let group = if scratch.len() >= 4 * PANEL * 64 {
+            4
+        } else {
+            1
+        };
+        let tb = tokens.min(TB).min(scratch.len() / (group * PANEL));
+        let all = simd::PairSteps::all(n);
         let mut xs: [&[u32]; TB] = [&[]; TB];
-        for p in p0..p1 {
-            let (panel, next) = (w.panel(p), w.panel(p + 1));
-            let (lo, hi) = part(p);
+        let mut pa = p0;
+        while pa < p1 {
+            let pb = (pa + group).min(p1);
             let mut t0 = 0;
             while t0 < tokens {
                 let m = (tokens - t0).min(tb);
                 for (i, x) in xs.iter_mut().enumerate().take(m) {
                     *x = row(t0 + i);
                 }
-                let acc = &mut acc_all[..m * PANEL];
-                acc.fill(0.0);
-                let all = simd::PairSteps::all(n);
+                let accs = &mut scratch[..(pb - pa) * m * PANEL];
+                accs.fill(0.0);
                 let mut j0 = 0;
                 while j0 < all.j1 {
                     let j1 = (j0 + KC / 2).min(all.j1);
+                    let steps = simd::PairSteps { j0, j1, n };
                     if t0 == 0 {
-                        if let Some(s) = next.get(2 * j0 * PANEL..(2 * j1 * PANEL).min(next.len()))
-                        {
-                            simd::prefetch(s);
+                        for p in pa..pb {
+                            let next = w.panel(p + group);
+                            let (a, b) = (2 * j0 * PANEL, (2 * j1 * PANEL).min(next.len()));
+                            if let Some(s) = next.get(a..b) {
+                                simd::prefetch(s);
+                            }
                         }
                     }
-                    let steps = simd::PairSteps { j0, j1, n };
-                    simd::pairs_panel_fma(isa, &xs[..m], steps, panel, acc)?;
+                    let panels: [&[bf16]; 4] =
+                        core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+                    let acc = (&mut accs[..], m * PANEL);
+                    simd::pairs_panel_fma(isa, &xs[..m], steps, &panels[..pb - pa], acc)?;
                     j0 = j1;
                 }
-                for (i, a) in acc.chunks_exact(PANEL).enumerate() {
-                    store(t0 + i, p * PANEL + lo, &a[lo..hi])?;
+                for (p, acc) in (pa..pb).zip(accs.chunks_exact(m * PANEL)) {
+                    let (lo, hi) = part(p);
+                    for (i, a) in acc.chunks_exact(PANEL).enumerate() {
+                        store(t0 + i, p * PANEL + lo, &a[lo..hi])?;
+                    }
                 }
                 t0 += m;
             }
+            pa = pb;
         }
         return Ok(());
     }
-    let mut acc = [0.0f32; 4 * 4 * PANEL];
-    let mut pa = p0;
-    while pa < p1 {
-        let pb = (pa + 4).min(p1);
-        let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
-        token_groups(row, tokens, &mut |t0, xs| {
-            acc.fill(0.0);
-            let all = simd::PairSteps::all(n);
-            simd::pairs_panels_fma(isa, xs, &panels[..pb - pa], all, &mut acc)?;
-            for (i, a) in acc.chunks_exact(4 * PANEL).take(xs.len()).enumerate() {
-                for p in pa..pb {
-                    let (lo, hi) = part(p);
-                    let v = &a[(p - pa) * PANEL..(p - pa + 1) * PANEL];
-                    store(t0 + i, p * PANEL + lo, &v[lo..hi])?;
-                }
-            }
-            Ok(())
-        })?;
-        pa = pb;
-    }
-    Ok(())
+    let mut kernel = |xs: &[&[u32]], panels: &[&[bf16]], acc: &mut [f32]| {
+        simd::pairs_panels_fma(isa, xs, panels, simd::PairSteps::all(n), acc)
+    };
+    decode_panels(row, tokens, w, (o0, o1), &mut kernel, store)
 }
 
 /// Where the packed GEMM takes a tile's weights from.
@@ -624,6 +648,69 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The bf16 mode's projection: every ISA path, tile, token count and scratch size gives
+    /// the bits of the reference loops (one token at a time), and only the tile is written;
+    /// row-major weights are refused.
+    #[test]
+    fn pair_projection_gives_the_same_bits_for_any_path_tile_and_scratch() {
+        let mut s = 13u64;
+        for (n_in, n_out) in [(70usize, 37usize), (37, 64), (129, 70)] {
+            let x: std::vec::Vec<f32> = (0..300 * n_in).map(|_| lcg(&mut s)).collect();
+            let pairs: std::vec::Vec<u32> = x
+                .chunks_exact(n_in)
+                .flat_map(|r| {
+                    let mut p = std::vec![0u32; n_in.div_ceil(2)];
+                    simd::round_pairs_row(Isa::Portable, r, &mut p).unwrap();
+                    p
+                })
+                .collect();
+            let wb: std::vec::Vec<bf16> = (0..n_out * n_in)
+                .map(|_| bf16::from_f32(lcg(&mut s)))
+                .collect();
+            let rows = MatRef::new("w", Data::Bf16(&wb), n_out, n_in).unwrap();
+            let mut pk = std::vec![bf16::ZERO; crate::weights::panels_len(n_out, n_in).unwrap()];
+            crate::weights::pack_panels(&rows, &mut pk).unwrap();
+            let panels = MatRef::new_panels("w", Data::Bf16(&pk), n_out, n_in).unwrap();
+            let w2 = n_in.div_ceil(2);
+            let row = |t: usize| &pairs[t * w2..(t + 1) * w2];
+            let run = |isa: Isa, tokens: usize, (o0, o1): (usize, usize), scratch_len: usize| {
+                let mut out = std::vec![f32::NAN; tokens * n_out];
+                let mut scratch = std::vec![0.0f32; scratch_len];
+                let mut store = |t: usize, o: usize, v: &[f32]| {
+                    out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v);
+                    Ok(())
+                };
+                project_tile_pairs(isa, &row, tokens, &panels, o0, o1, &mut scratch, &mut store)
+                    .map(|_| out)
+            };
+            let want = run(Isa::Portable, 300, (0, n_out), 0).unwrap();
+            for isa in Isa::all_supported() {
+                for tokens in [1usize, 4, 5, 13, 300] {
+                    for (o0, o1) in [(0, n_out), (0, 16), (5, 21), (16, 37), (32, 37)] {
+                        for scratch_len in [0usize, PANEL * 6, PANEL * 300, PANEL * 4 * 300] {
+                            let got = run(isa, tokens, (o0, o1), scratch_len).unwrap();
+                            for (i, g) in got.iter().enumerate() {
+                                let o = i % n_out;
+                                if (o0..o1).contains(&o) {
+                                    assert_eq!(
+                                        g.to_bits(),
+                                        want[i].to_bits(),
+                                        "{isa:?} {n_in}x{n_out} t={tokens} {o0}..{o1} s={scratch_len}"
+                                    );
+                                } else {
+                                    assert!(g.is_nan(), "wrote outside the tile");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let mut store = |_: usize, _: usize, _: &[f32]| Ok(());
+            let err = project_tile_pairs(Isa::Portable, &row, 1, &rows, 0, 1, &mut [], &mut store);
+            assert!(matches!(err, Err(KdaError::Internal { .. })));
         }
     }
 

@@ -496,9 +496,9 @@ impl PairSteps {
     }
 }
 
-/// The bf16 precision mode's prefill GEMM: continues `acc[t·16 + r]` over pairs
-/// `steps.j0..steps.j1` of one bf16 panel of the panel layout (`panel` from step 0) for token
-/// rows of bf16 pairs (from [`round_pairs_row`]): per output the chain
+/// The bf16 precision mode's prefill GEMM: for each panel `p` of `panels` (bf16, the panel
+/// layout, from step 0), continues `acc[p·ld + t·16 + r]` over pairs `steps.j0..steps.j1`
+/// for token rows of bf16 pairs (from [`round_pairs_row`]): per output the chain
 /// `acc ← acc + x_odd·w_odd + x_even·w_even` over the pairs in order, each addition rounded
 /// (`vdpbf16ps` on [`Isa::Avx512Bf16`], two multiply-adds elsewhere: bitwise the same except
 /// that `vdpbf16ps` flushes subnormals). A slice too short (a bug) is an
@@ -507,17 +507,24 @@ pub fn pairs_panel_fma(
     isa: impl Into<Path>,
     xs: &[&[u32]],
     steps: PairSteps,
-    panel: &[bf16],
-    acc: &mut [f32],
+    panels: &[&[bf16]],
+    (acc, ld): (&mut [f32], usize),
 ) -> Result<(), KdaError> {
-    if !steps.ok(panel.len(), xs) || acc.len() < xs.len() * PANEL {
+    let np = panels.len();
+    if panels.iter().any(|p| !steps.ok(p.len(), xs))
+        || ld < xs.len() * PANEL
+        || (np > 0 && acc.len() < (np - 1) * ld + xs.len() * PANEL)
+    {
         return bad("simd::pairs_panel_fma arguments");
     }
     let st = steps.tuple();
     dispatch!(
         isa,
-        pairs_panel_fma(xs, st, panel, acc),
-        portable::pairs_panels_fma(xs, &[panel], st, acc, PANEL)
+        pairs_panel_fma(xs, st, panels, (acc, ld)),
+        for (p, panel) in panels.iter().enumerate() {
+            let a = &mut acc[p * ld..];
+            portable::pairs_panels_fma(xs, &[panel], st, a, PANEL)
+        }
     );
     Ok(())
 }
@@ -1444,13 +1451,30 @@ mod tests {
                     let mid = all.j1 / 3;
                     let halves = [PairSteps { j1: mid, ..all }, PairSteps { j0: mid, ..all }];
                     for st in halves {
-                        pairs_panel_fma(path, &xs, st, pr[0], &mut got).unwrap();
+                        pairs_panel_fma(path, &xs, st, &pr[..1], (&mut got, tokens * PANEL))
+                            .unwrap();
                     }
                     let same = got
                         .iter()
                         .zip(&want)
                         .all(|(g, w)| g.to_bits() == w.to_bits());
                     assert!(same, "{path:?} pairs_panel_fma n={n} tokens={tokens}");
+                    // Three panels in one call, accumulators `ld` apart: each panel's sums
+                    // as alone.
+                    let ld = tokens * PANEL + 5;
+                    let mut three = std::vec![0.0f32; 2 * ld + tokens * PANEL];
+                    pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three, ld)).unwrap();
+                    for p in 0..3 {
+                        let mut one = std::vec![0.0f32; tokens * PANEL];
+                        let st = all.tuple();
+                        portable::pairs_panels_fma(&xs, &pr[p..p + 1], st, &mut one, PANEL);
+                        let got = &three[p * ld..p * ld + tokens * PANEL];
+                        let ok = got
+                            .iter()
+                            .zip(&one)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(ok, "{path:?} three panels: {p} n={n} tokens={tokens}");
+                    }
                     if tokens > 4 {
                         continue;
                     }
@@ -1459,7 +1483,9 @@ mod tests {
                         pairs_panels_fma(path, &xs, &pr[..np], all, &mut acc).unwrap();
                         for p in 0..np {
                             let mut one = std::vec![0.0f32; tokens * PANEL];
-                            pairs_panel_fma(Path::Reference, &xs, all, pr[p], &mut one).unwrap();
+                            let one_acc = (&mut one[..], tokens * PANEL);
+                            pairs_panel_fma(Path::Reference, &xs, all, &pr[p..p + 1], one_acc)
+                                .unwrap();
                             for t in 0..tokens {
                                 let d = &acc[t * 4 * PANEL + p * PANEL..][..PANEL];
                                 let ok = d
@@ -1477,9 +1503,8 @@ mod tests {
                 j1: 3,
                 ..PairSteps::all(4)
             };
-            assert!(
-                pairs_panel_fma(path, &[&[0u32; 3]], bad, &[bf16::ZERO; 64], &mut acc).is_err()
-            );
+            let w: &[bf16] = &[bf16::ZERO; 64];
+            assert!(pairs_panel_fma(path, &[&[0u32; 3]], bad, &[w], (&mut acc, PANEL)).is_err());
         }
     }
 

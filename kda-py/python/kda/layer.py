@@ -71,10 +71,17 @@ class KdaLayer:
         self._inner = inner
 
     @classmethod
-    def from_pretrained(cls, path: PathLike, layer: int = 0) -> "KdaLayer":
+    def from_pretrained(cls, path: PathLike, layer: int = 0, precision: str = "exact") -> "KdaLayer":
         """Loads model layer ``layer`` (0-based; must be a KDA layer) of the checkpoint folder
-        ``path`` (``config.json`` + ``model.safetensors`` or shards; weights memory-mapped)."""
-        return cls(_core.KdaLayer.from_pretrained(os.fspath(path), int(layer)))
+        ``path`` (``config.json`` + ``model.safetensors`` or shards; weights memory-mapped).
+
+        ``precision``: ``"exact"`` (f32 activations, fla's fp32 arithmetic) or ``"bf16"``
+        (each projection's input rounded to bf16, bf16 products summed in f32: the precision
+        torch runs bf16 checkpoints at, with ``vdpbf16ps`` on CPUs with avx512_bf16; needs
+        bf16 weights, which it repacks once into a second copy)."""
+        if precision not in ("exact", "bf16"):
+            raise ValueError(f"precision: expected 'exact' or 'bf16', got {precision!r}")
+        return cls(_core.KdaLayer.from_pretrained(os.fspath(path), int(layer), precision))
 
     @property
     def layer(self) -> int:
