@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
     cfg.rms_eps = rd_f32(&r);
     cfg.l2_eps = rd_f32(&r);
     cfg.scale = rd_f32(&r);
-    KdaOptions opts;
+    KdaOptions opts = kda_options_default();
     opts.mode = rd_u32(&r);
     opts.chunk_size = rd_u64(&r);
     opts.isa = rd_u32(&r);

@@ -92,6 +92,12 @@ int main(void) {
     opts = kda_options_default();
     opts.mode = 9;
     expect(kda_workspace_len(&cfg, &opts, 4, &len), KDA_STATUS_CONFIG, "workspace_len: bad mode");
+    opts = kda_options_default();
+    opts.precision = 7;
+    expect(kda_layer_init(&layer, &cfg, &w, &opts), KDA_STATUS_CONFIG, "init: unknown precision");
+    opts.precision = KDA_PRECISION_BF16;
+    expect(kda_layer_init(&layer, &cfg, &w, &opts), KDA_STATUS_CONFIG,
+           "init: bf16 precision with f32 row-major weights");
     bad = cfg;
     bad.hidden = SIZE_MAX / 2;
     bad.heads = SIZE_MAX / 4;

@@ -101,6 +101,24 @@
 #define KDA_ISA_NEON 4
 
 /**
+ * `KdaOptions::isa`: x86-64 AVX-512F with AVX512BW and AVX512_BF16 (native `vdpbf16ps` for
+ * `KDA_PRECISION_BF16`; `KDA_STATUS_CONFIG` where the CPU lacks them).
+ */
+#define KDA_ISA_AVX512_BF16 5
+
+/**
+ * `KdaOptions::precision`: f32 activations, one f32 chain per output (the default).
+ */
+#define KDA_PRECISION_EXACT 0
+
+/**
+ * `KdaOptions::precision`: each projection's input rounded to bf16, bf16 products summed in
+ * f32 (`vdpbf16ps` where the CPU has avx512_bf16, the same bits emulated elsewhere). Needs
+ * every projection as bf16 in `KDA_LAYOUT_PANELS` (`KDA_STATUS_CONFIG` otherwise).
+ */
+#define KDA_PRECISION_BF16 1
+
+/**
  * Size of [`KdaFixedLayer`] in 8-byte words.
  */
 #define KDA_FIXED_LAYER_WORDS 112
@@ -299,10 +317,14 @@ typedef struct KdaOptions {
    */
   size_t chunk_size;
   /**
-   * `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE`, `KDA_ISA_AVX2_FMA`, `KDA_ISA_AVX512F` or
-   * `KDA_ISA_NEON`.
+   * `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE`, `KDA_ISA_AVX2_FMA`, `KDA_ISA_AVX512F`,
+   * `KDA_ISA_AVX512_BF16` or `KDA_ISA_NEON`.
    */
   uint32_t isa;
+  /**
+   * `KDA_PRECISION_EXACT` (0, the default) or `KDA_PRECISION_BF16`.
+   */
+  uint32_t precision;
 } KdaOptions;
 
 /**
@@ -661,7 +683,7 @@ struct KdaConfig kda_config_kimi_linear(size_t hidden, size_t heads, size_t head
 struct KdaConfig kda_config_kimi_k3(size_t hidden, size_t heads, size_t head_dim);
 
 /**
- * The default options: `KDA_MODE_AUTO`, chunk 16, `KDA_ISA_AUTO`.
+ * The default options: `KDA_MODE_AUTO`, chunk 16, `KDA_ISA_AUTO`, `KDA_PRECISION_EXACT`.
  */
 struct KdaOptions kda_options_default(void);
 

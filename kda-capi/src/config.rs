@@ -1,7 +1,7 @@
 //! The layer configuration and options as C structs, and the sizing functions that need no
 //! weights.
 
-use kda_core::{DecayGate, ForwardOptions, GateProj, Isa, Mode};
+use kda_core::{DecayGate, ForwardOptions, GateProj, Isa, Mode, Precision};
 
 use crate::ffi::{get, put};
 use crate::status::{guard, KdaStatus, Res};
@@ -31,6 +31,16 @@ pub const KDA_ISA_AVX2_FMA: u32 = 2;
 pub const KDA_ISA_AVX512F: u32 = 3;
 /// `KdaOptions::isa`: aarch64 NEON (`KDA_STATUS_CONFIG` on other CPUs).
 pub const KDA_ISA_NEON: u32 = 4;
+/// `KdaOptions::isa`: x86-64 AVX-512F with AVX512BW and AVX512_BF16 (native `vdpbf16ps` for
+/// `KDA_PRECISION_BF16`; `KDA_STATUS_CONFIG` where the CPU lacks them).
+pub const KDA_ISA_AVX512_BF16: u32 = 5;
+
+/// `KdaOptions::precision`: f32 activations, one f32 chain per output (the default).
+pub const KDA_PRECISION_EXACT: u32 = 0;
+/// `KdaOptions::precision`: each projection's input rounded to bf16, bf16 products summed in
+/// f32 (`vdpbf16ps` where the CPU has avx512_bf16, the same bits emulated elsewhere). Needs
+/// every projection as bf16 in `KDA_LAYOUT_PANELS` (`KDA_STATUS_CONFIG` otherwise).
+pub const KDA_PRECISION_BF16: u32 = 1;
 
 /// Shapes and gate forms of one KDA layer (`K = V = head_dim`). Fill it by hand or start from
 /// `kda_config_kimi_linear` / `kda_config_kimi_k3`.
@@ -71,9 +81,11 @@ pub struct KdaOptions {
     pub mode: u32,
     /// Chunk size of the chunked form, 1..=256 (16 by default).
     pub chunk_size: usize,
-    /// `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE`, `KDA_ISA_AVX2_FMA`, `KDA_ISA_AVX512F` or
-    /// `KDA_ISA_NEON`.
+    /// `KDA_ISA_AUTO`, `KDA_ISA_PORTABLE`, `KDA_ISA_AVX2_FMA`, `KDA_ISA_AVX512F`,
+    /// `KDA_ISA_AVX512_BF16` or `KDA_ISA_NEON`.
     pub isa: u32,
+    /// `KDA_PRECISION_EXACT` (0, the default) or `KDA_PRECISION_BF16`.
+    pub precision: u32,
 }
 
 fn gate_proj(rank: usize) -> GateProj {
@@ -148,13 +160,19 @@ impl KdaOptions {
             KDA_ISA_AVX2_FMA => Some(Isa::Avx2Fma),
             KDA_ISA_AVX512F => Some(Isa::Avx512F),
             KDA_ISA_NEON => Some(Isa::Neon),
+            KDA_ISA_AVX512_BF16 => Some(Isa::Avx512Bf16),
             _ => return Err(config_err("isa", "unknown KDA_ISA_* value")),
+        };
+        let precision = match self.precision {
+            KDA_PRECISION_EXACT => Precision::Exact,
+            KDA_PRECISION_BF16 => Precision::Bf16,
+            _ => return Err(config_err("precision", "unknown KDA_PRECISION_* value")),
         };
         Ok(ForwardOptions {
             mode,
             chunk_size: self.chunk_size,
             isa,
-            ..ForwardOptions::default()
+            precision,
         })
     }
 }
@@ -198,13 +216,14 @@ pub extern "C" fn kda_config_kimi_k3(hidden: usize, heads: usize, head_dim: usiz
     KdaConfig::from_core(&kda_core::KdaConfig::kimi_k3(hidden, heads, head_dim))
 }
 
-/// The default options: `KDA_MODE_AUTO`, chunk 16, `KDA_ISA_AUTO`.
+/// The default options: `KDA_MODE_AUTO`, chunk 16, `KDA_ISA_AUTO`, `KDA_PRECISION_EXACT`.
 #[no_mangle]
 pub extern "C" fn kda_options_default() -> KdaOptions {
     KdaOptions {
         mode: KDA_MODE_AUTO,
         chunk_size: kda_core::DEFAULT_CHUNK,
         isa: KDA_ISA_AUTO,
+        precision: KDA_PRECISION_EXACT,
     }
 }
 

@@ -355,6 +355,12 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     if opts.batch == 0 {
         return Err(HostError::Invalid("--batch must be at least 1".into()));
     }
+    if opts.precision == Precision::Bf16 && !opts.panels {
+        return Err(HostError::Invalid(
+            "--precision bf16 needs --layout panels (the bf16 kernels read the panel layout)"
+                .into(),
+        ));
+    }
     let cfg = opts.preset.config();
     // The buffers sized by the options first: a batch too large fails before the measurements.
     let slice_values = opts

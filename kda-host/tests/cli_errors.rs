@@ -148,6 +148,18 @@ fn valid_setup_runs() {
     ]);
 }
 
+/// `--precision bf16` runs on the default panel layout, and is refused up front with
+/// `--layout rows`.
+#[test]
+fn bf16_precision_needs_panels() {
+    let st = Setup::new("bf16");
+    st.succeeds(&["--precision", "bf16"]);
+    st.fails(
+        &["--precision", "bf16", "--layout", "rows"],
+        &["--precision bf16 needs --layout panels"],
+    );
+}
+
 #[test]
 fn truncated_and_corrupt_safetensors() {
     let st = Setup::new("trunc");

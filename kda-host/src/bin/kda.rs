@@ -319,6 +319,12 @@ fn check_outputs(a: &ForwardArgs, ckpt: &Checkpoint) -> Result<(), HostError> {
 }
 
 fn forward(a: &ForwardArgs) -> Result<(), HostError> {
+    if a.precision == Precision::Bf16 && a.layout != LayoutArg::Panels {
+        return Err(HostError::Invalid(
+            "--precision bf16 needs --layout panels (the bf16 kernels read the panel layout)"
+                .into(),
+        ));
+    }
     let ckpt = Checkpoint::open(a.model_dir)?;
     fsio::regular_file(a.input)?;
     if let Some(p) = a.state_in {
