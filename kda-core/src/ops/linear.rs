@@ -294,8 +294,8 @@ fn decode_panels<'x, T>(
 /// (`simd::round_pairs_row` of the f32 rows; `row(t)` is `W.cols.div_ceil(2)` long) and the
 /// matrix is bf16 in the panel layout. Each output is one chain over the pairs in order,
 /// `acc ← acc + x_odd·w_odd + x_even·w_even` (`vdpbf16ps` where the CPU has it,
-/// [`simd::pairs_panel_fma`]); prefill runs it over panels for blocks of up to 256 tokens,
-/// decode streams four panels at once ([`simd::pairs_panels_fma`]), with the same chains, so
+/// `simd::pairs_panel_fma`); prefill runs it over panels for blocks of up to 256 tokens,
+/// decode streams four panels at once (`simd::pairs_panels_fma`), with the same chains, so
 /// every value is bitwise the same for any `o0..o1` split, any `tokens` and any scratch size.
 /// Another matrix form is an [`KdaError::Internal`] error (the layer checks it first).
 // The kernel contract of a projection tile, as `project_tile`.
