@@ -180,6 +180,14 @@ impl Model {
         Ok(KdaLayer::new(cfg, w, opts)?)
     }
 
+    /// Model layer `index` in `mode`, with the model's precision ([`Model::set_precision`]).
+    fn layer_for(&self, index: usize, mode: Mode) -> Result<KdaLayer<'_>> {
+        let opts = ForwardOptions::default()
+            .with_mode(mode)
+            .with_precision(self.precision);
+        self.kda_layer(index, opts)
+    }
+
     /// Runs model layer `index` over packed sequences `x` `[T, hidden]`, continuing from (and
     /// updating) that layer's part of `cache`. Returns `[T, hidden]`.
     pub fn forward(
@@ -191,12 +199,7 @@ impl Model {
         cache: &mut ModelCache,
         mode: Mode,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(
-            index,
-            ForwardOptions::default()
-                .with_mode(mode)
-                .with_precision(self.precision),
-        )?;
+        let layer = self.layer_for(index, mode)?;
         let caches = cache.layer_mut(index)?;
         runner.forward(&layer, x, cu_seqlens, caches, InitialCaches::Given)
     }
@@ -209,10 +212,7 @@ impl Model {
         x: &[f32],
         cache: &mut ModelCache,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(
-            index,
-            ForwardOptions::recurrent().with_precision(self.precision),
-        )?;
+        let layer = self.layer_for(index, Mode::Recurrent)?;
         runner.decode(&layer, x, cache.layer_mut(index)?)
     }
 
@@ -229,12 +229,7 @@ impl Model {
         mode: Mode,
         snapshots: &mut ModelSnapshots,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(
-            index,
-            ForwardOptions::default()
-                .with_mode(mode)
-                .with_precision(self.precision),
-        )?;
+        let layer = self.layer_for(index, mode)?;
         let caches = cache.layer_mut(index)?;
         let at = &snapshots.at;
         let given = InitialCaches::Given;
@@ -257,10 +252,7 @@ impl Model {
         cache: &mut ModelCache,
         rollback: &mut ModelRollback,
     ) -> Result<Vec<f32>> {
-        let layer = self.kda_layer(
-            index,
-            ForwardOptions::recurrent().with_precision(self.precision),
-        )?;
+        let layer = self.layer_for(index, Mode::Recurrent)?;
         let (out, record) = runner.verify(&layer, x, rollback.drafts, cache.layer_mut(index)?)?;
         rollback.layers.retain(|(i, _)| *i != index);
         rollback.layers.push((index, record));
@@ -277,10 +269,7 @@ impl Model {
         cache: &mut ModelCache,
     ) -> Result<()> {
         for (index, record) in &mut rollback.layers {
-            let layer = self.kda_layer(
-                *index,
-                ForwardOptions::recurrent().with_precision(self.precision),
-            )?;
+            let layer = self.layer_for(*index, Mode::Recurrent)?;
             let caches = cache.layer_mut(*index)?;
             runner.commit(&layer, record, rollback.drafts, accepted, caches)?;
         }

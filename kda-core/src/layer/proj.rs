@@ -130,16 +130,18 @@ impl Round<'_, '_> {
         pairs: &'p mut [u32],
     ) -> Result<[Option<PairsIn<'p>>; MAX_PROJS], KdaError> {
         let key = |p: &Proj<'_, '_>| (p.x.as_ptr(), p.x_off, p.w.cols());
-        let mut offs = [0usize; MAX_PROJS];
+        // Each projection's column offset in the rows of `pairs`, and whether it is the first
+        // to read its inputs (the one that rounds them).
+        let (mut offs, mut first) = ([0usize; MAX_PROJS], [false; MAX_PROJS]);
         let mut ld = 0;
         for (i, p) in projs.iter().enumerate().take(MAX_PROJS) {
-            offs[i] = match projs[..i].iter().position(|q| key(q) == key(p)) {
-                Some(j) => offs[j],
+            match projs[..i].iter().position(|q| key(q) == key(p)) {
+                Some(j) => offs[i] = offs[j],
                 None => {
+                    (offs[i], first[i]) = (ld, true);
                     ld += p.w.cols().div_ceil(2);
-                    ld - p.w.cols().div_ceil(2)
                 }
-            };
+            }
         }
         if projs.len() > MAX_PROJS || pairs.len() < self.tokens * ld {
             return Err(KdaError::Internal {
@@ -147,10 +149,7 @@ impl Round<'_, '_> {
             });
         }
         let isa = self.layer.isa;
-        for (i, p) in projs.iter().enumerate() {
-            if projs[..i].iter().any(|q| key(q) == key(p)) {
-                continue;
-            }
+        for (i, p) in projs.iter().enumerate().filter(|&(i, _)| first[i]) {
             let (cols, width) = (p.w.cols(), p.w.cols().div_ceil(2));
             for t in 0..self.tokens {
                 let x = &p.x[t * p.x_ld + p.x_off..t * p.x_ld + p.x_off + cols];

@@ -213,10 +213,7 @@ fn project_panels<'x>(
 ) -> Result<(), KdaError> {
     let n = w.cols();
     // Rows `lo..hi` of panel `p` that fall in `o0..o1`, as offsets within the panel.
-    let part = |p: usize| {
-        let base = p * PANEL;
-        (o0.max(base) - base, o1.min(base + PANEL) - base)
-    };
+    let part = |p: usize| panel_part(p, o0, o1);
     let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
     if pack {
         for p in p0..p1 {
@@ -263,10 +260,7 @@ fn decode_panels<'x, T>(
     kernel: &mut PanelKernel<'_, T>,
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
-    let part = |p: usize| {
-        let base = p * PANEL;
-        (o0.max(base) - base, o1.min(base + PANEL) - base)
-    };
+    let part = |p: usize| panel_part(p, o0, o1);
     let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
     let mut acc = [0.0f32; 4 * 4 * PANEL];
     let mut pa = p0;
@@ -315,69 +309,83 @@ pub fn project_tile_pairs<'x>(
             what: "bf16 projections need bf16 panel-layout weights",
         });
     }
-    let n = w.cols();
-    let part = |p: usize| {
-        let base = p * PANEL;
-        (o0.max(base) - base, o1.min(base + PANEL) - base)
-    };
-    let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
     if tokens > DIRECT_MAX && scratch.len() >= PANEL * 6 {
-        // Up to four panels at a time share each token block's k-slice of the inputs while it
-        // is in L2; the next group's panels are prefetched k-block by k-block.
-        let group = if scratch.len() >= 4 * PANEL * 64 {
-            4
-        } else {
-            1
-        };
-        let tb = tokens.min(TB).min(scratch.len() / (group * PANEL));
-        let all = simd::PairSteps::all(n);
-        let mut xs: [&[u32]; TB] = [&[]; TB];
-        let mut pa = p0;
-        while pa < p1 {
-            let pb = (pa + group).min(p1);
-            let mut t0 = 0;
-            while t0 < tokens {
-                let m = (tokens - t0).min(tb);
-                for (i, x) in xs.iter_mut().enumerate().take(m) {
-                    *x = row(t0 + i);
-                }
-                let accs = &mut scratch[..(pb - pa) * m * PANEL];
-                accs.fill(0.0);
-                let mut j0 = 0;
-                while j0 < all.j1 {
-                    let j1 = (j0 + KC / 2).min(all.j1);
-                    let steps = simd::PairSteps { j0, j1, n };
-                    if t0 == 0 {
-                        for p in pa..pb {
-                            let next = w.panel(p + group);
-                            let (a, b) = (2 * j0 * PANEL, (2 * j1 * PANEL).min(next.len()));
-                            if let Some(s) = next.get(a..b) {
-                                simd::prefetch(s);
-                            }
-                        }
-                    }
-                    let panels: [&[bf16]; 4] =
-                        core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
-                    let acc = (&mut accs[..], m * PANEL);
-                    simd::pairs_panel_fma(isa, &xs[..m], steps, &panels[..pb - pa], acc)?;
-                    j0 = j1;
-                }
-                for (p, acc) in (pa..pb).zip(accs.chunks_exact(m * PANEL)) {
-                    let (lo, hi) = part(p);
-                    for (i, a) in acc.chunks_exact(PANEL).enumerate() {
-                        store(t0 + i, p * PANEL + lo, &a[lo..hi])?;
-                    }
-                }
-                t0 += m;
-            }
-            pa = pb;
-        }
-        return Ok(());
+        return prefill_pairs(isa, row, tokens, w, (o0, o1), scratch, store);
     }
+    let n = w.cols();
     let mut kernel = |xs: &[&[u32]], panels: &[&[bf16]], acc: &mut [f32]| {
         simd::pairs_panels_fma(isa, xs, panels, simd::PairSteps::all(n), acc)
     };
     decode_panels(row, tokens, w, (o0, o1), &mut kernel, store)
+}
+
+/// Rows `lo..hi` of panel `p` (rows `16p..16p + 16`) that fall in `o0..o1`, as offsets within
+/// the panel.
+fn panel_part(p: usize, o0: usize, o1: usize) -> (usize, usize) {
+    let base = p * PANEL;
+    (o0.max(base) - base, o1.min(base + PANEL) - base)
+}
+
+/// The prefill of [`project_tile_pairs`]: up to four panels at a time share each token
+/// block's k-slice of the inputs while it is in L2; the next group's panels are prefetched
+/// k-block by k-block.
+fn prefill_pairs<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [u32],
+    tokens: usize,
+    w: &MatRef<'_>,
+    (o0, o1): (usize, usize),
+    scratch: &mut [f32],
+    store: &mut Store<'_>,
+) -> Result<(), KdaError> {
+    let n = w.cols();
+    let group = if scratch.len() >= 4 * PANEL * 64 {
+        4
+    } else {
+        1
+    };
+    let tb = tokens.min(TB).min(scratch.len() / (group * PANEL));
+    let all = simd::PairSteps::all(n);
+    let mut xs: [&[u32]; TB] = [&[]; TB];
+    let (p1, mut pa) = (o1.div_ceil(PANEL), o0 / PANEL);
+    while pa < p1 {
+        let pb = (pa + group).min(p1);
+        let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+        let mut t0 = 0;
+        while t0 < tokens {
+            let m = (tokens - t0).min(tb);
+            for (i, x) in xs.iter_mut().enumerate().take(m) {
+                *x = row(t0 + i);
+            }
+            let accs = &mut scratch[..(pb - pa) * m * PANEL];
+            accs.fill(0.0);
+            let mut j0 = 0;
+            while j0 < all.j1 {
+                let j1 = (j0 + KC / 2).min(all.j1);
+                if t0 == 0 {
+                    for p in pa..pb {
+                        let next = w.panel(p + group);
+                        if let Some(s) = next.get(2 * j0 * PANEL..(2 * j1 * PANEL).min(next.len()))
+                        {
+                            simd::prefetch(s);
+                        }
+                    }
+                }
+                let (steps, acc) = (simd::PairSteps { j0, j1, n }, (&mut accs[..], m * PANEL));
+                simd::pairs_panel_fma(isa, &xs[..m], steps, &panels[..pb - pa], acc)?;
+                j0 = j1;
+            }
+            for (p, acc) in (pa..pb).zip(accs.chunks_exact(m * PANEL)) {
+                let (lo, hi) = panel_part(p, o0, o1);
+                for (i, a) in acc.chunks_exact(PANEL).enumerate() {
+                    store(t0 + i, p * PANEL + lo, &a[lo..hi])?;
+                }
+            }
+            t0 += m;
+        }
+        pa = pb;
+    }
+    Ok(())
 }
 
 /// Where the packed GEMM takes a tile's weights from.

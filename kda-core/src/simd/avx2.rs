@@ -5,7 +5,7 @@ use core::arch::x86_64::*;
 
 use half::bf16;
 
-use super::vector::{split_broadcast, split_dot, split_load, Elem, Simd, Split};
+use super::vector::{split_broadcast, split_dot, split_load, split_pair_ops, Elem, Simd, Split};
 
 /// Proof that the CPU has AVX2 and FMA.
 #[derive(Clone, Copy)]
@@ -155,18 +155,7 @@ impl Simd for Avx2 {
             W::load(self, r(7)),
         ])
     }
-    #[inline(always)]
-    unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> Split<__m256> {
-        split_load(self, lo, hi)
-    }
-    #[inline(always)]
-    unsafe fn broadcast_pair(self, p: *const u32) -> Split<__m256> {
-        split_broadcast(self, p)
-    }
-    #[inline(always)]
-    fn dot_pairs(self, acc: __m256, a: Split<__m256>, b: Split<__m256>) -> __m256 {
-        split_dot(self, acc, a, b)
-    }
+    split_pair_ops!(__m256);
     #[inline(always)]
     fn tile_col(self, tile: &[__m256; 8], j: usize) -> __m256 {
         tile[j]

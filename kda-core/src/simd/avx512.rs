@@ -12,7 +12,7 @@ use core::arch::x86_64::*;
 use half::bf16;
 
 use super::avx2::{transpose8, Avx2};
-use super::vector::{round_pair, Elem, Simd};
+use super::vector::{round_pairs_scalar, Elem, Simd};
 
 /// Proof that the CPU has AVX-512F, AVX2 and FMA, and with `BF16` also AVX512BW and
 /// AVX512_BF16.
@@ -223,9 +223,7 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
             let v = core::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
             _mm512_storeu_si512(out as *mut __m512i, v)
         } else {
-            for j in 0..16 {
-                *out.add(j) = round_pair(*x.add(2 * j), *x.add(2 * j + 1));
-            }
+            round_pairs_scalar(16, x, out)
         }
     }
 }

@@ -955,17 +955,28 @@ unsafe fn pairs_row<S: Simd>(s: S, lo: *const bf16, hi: *const bf16) -> [S::P; M
     b
 }
 
-/// Where pair `j` of a panel of `n` steps lies: its two rows, the second a zero row when
-/// `2j + 1 == n`.
+/// Where pair `j` of a panel lies: its two rows, the second a zero row for the `tail` pair
+/// of a panel with an odd number of steps. Callers pass a literal `tail`, so the main loop
+/// compiles to adjacent rows with no test.
 #[inline(always)]
-unsafe fn pair_rows(panel: *const bf16, j: usize, n: usize) -> (*const bf16, *const bf16) {
+unsafe fn pair_rows(panel: *const bf16, j: usize, tail: bool) -> (*const bf16, *const bf16) {
     let lo = panel.add(2 * j * PANEL);
-    let hi = if 2 * j + 1 < n {
-        lo.add(PANEL)
-    } else {
+    let hi = if tail {
         ZERO_ROW.as_ptr()
+    } else {
+        lo.add(PANEL)
     };
     (lo, hi)
+}
+
+/// Pairs `j0..j1` of a panel of `n` steps as (the whole pairs, the half pair at the end of an
+/// odd `n` if it is in range).
+#[inline(always)]
+fn pair_split(
+    (j0, j1, n): (usize, usize, usize),
+) -> (core::ops::Range<usize>, core::ops::Range<usize>) {
+    let full = j1.min(n / 2).max(j0);
+    (j0..full, full..j1)
 }
 
 /// `MT` tokens × 16 outputs of the bf16-pairs GEMM over pairs `j0..j1` of one panel of `n`
@@ -986,19 +997,34 @@ unsafe fn pairs_block<S: Simd, const MT: usize>(
             *a = s.load(acc.add(t * PANEL + v * S::LANES));
         }
     }
-    for j in j0..j1 {
-        let (lo, hi) = pair_rows(panel, j, n);
-        let b = pairs_row(s, lo, hi);
-        for (t, a) in a.iter_mut().enumerate() {
-            let xv = s.broadcast_pair(x[t].add(j));
-            for v in 0..vp {
-                a[v] = s.dot_pairs(a[v], b[v], xv);
-            }
-        }
+    let (full, tail) = pair_split((j0, j1, n));
+    for j in full {
+        pairs_step(s, &x, j, pair_rows(panel, j, false), &mut a);
+    }
+    for j in tail {
+        pairs_step(s, &x, j, pair_rows(panel, j, true), &mut a);
     }
     for (t, a) in a.iter().enumerate() {
         for (v, a) in a.iter().enumerate().take(vp) {
             s.store(acc.add(t * PANEL + v * S::LANES), *a);
+        }
+    }
+}
+
+/// Pair `j` (its weight rows `lo`, `hi`) of [`pairs_block`] for every token.
+#[inline(always)]
+unsafe fn pairs_step<S: Simd, const MT: usize>(
+    s: S,
+    x: &[*const u32; MT],
+    j: usize,
+    (lo, hi): (*const bf16, *const bf16),
+    a: &mut [[S::F; MAX_PER_PANEL]; MT],
+) {
+    let b = pairs_row(s, lo, hi);
+    for (t, a) in a.iter_mut().enumerate() {
+        let xv = s.broadcast_pair(x[t].add(j));
+        for v in 0..PANEL / S::LANES {
+            a[v] = s.dot_pairs(a[v], b[v], xv);
         }
     }
 }
@@ -1052,25 +1078,42 @@ unsafe fn pairs_panels_block<S: Simd, const MT: usize, const P: usize>(
             }
         }
     }
-    for j in j0..j1 {
-        let mut xv = [s.broadcast_pair(x[0].add(j)); MT];
-        for (xv, x) in xv.iter_mut().zip(x).skip(1) {
-            *xv = s.broadcast_pair(x.add(j));
-        }
-        for (p, pp) in pp.iter().enumerate() {
-            let (lo, hi) = pair_rows(*pp, j, n);
-            let b = pairs_row(s, lo, hi);
-            for (t, xv) in xv.iter().enumerate() {
-                for v in 0..vp {
-                    a[t][p][v] = s.dot_pairs(a[t][p][v], b[v], *xv);
-                }
-            }
-        }
+    let (full, tail) = pair_split((j0, j1, n));
+    for j in full {
+        pairs_panels_step(s, &x, &pp, (j, false), &mut a);
+    }
+    for j in tail {
+        pairs_panels_step(s, &x, &pp, (j, true), &mut a);
     }
     for (t, a) in a.iter().enumerate() {
         for (p, a) in a.iter().enumerate() {
             for (v, a) in a.iter().enumerate().take(vp) {
                 s.store(acc.add(at(t, p, v)), *a);
+            }
+        }
+    }
+}
+
+/// Pair `j` of [`pairs_panels_block`] (the `tail` pair of an odd panel with a zero odd row)
+/// for every panel and token.
+#[inline(always)]
+unsafe fn pairs_panels_step<S: Simd, const MT: usize, const P: usize>(
+    s: S,
+    x: &[*const u32; MT],
+    pp: &[*const bf16; P],
+    (j, tail): (usize, bool),
+    a: &mut [[[S::F; MAX_PER_PANEL]; P]; MT],
+) {
+    let mut xv = [s.broadcast_pair(x[0].add(j)); MT];
+    for (xv, x) in xv.iter_mut().zip(x).skip(1) {
+        *xv = s.broadcast_pair(x.add(j));
+    }
+    for (p, pp) in pp.iter().enumerate() {
+        let (lo, hi) = pair_rows(*pp, j, tail);
+        let b = pairs_row(s, lo, hi);
+        for (t, xv) in xv.iter().enumerate() {
+            for v in 0..PANEL / S::LANES {
+                a[t][p][v] = s.dot_pairs(a[t][p][v], b[v], *xv);
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use half::bf16;
 
-use super::vector::{split_broadcast, split_dot, split_load, Elem, Simd, Split};
+use super::vector::{split_broadcast, split_dot, split_load, split_pair_ops, Elem, Simd, Split};
 
 /// `N` f32 lanes in plain Rust.
 #[derive(Clone, Copy)]
@@ -97,18 +97,7 @@ impl<const N: usize> Simd for Lanes<N> {
     unsafe fn load_tile<W: Elem>(self, rows: &[*const W], k: usize) -> [[f32; N]; N] {
         core::array::from_fn(|j| core::array::from_fn(|i| (*rows[i].add(k + j)).widen()))
     }
-    #[inline(always)]
-    unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> Split<[f32; N]> {
-        split_load(self, lo, hi)
-    }
-    #[inline(always)]
-    unsafe fn broadcast_pair(self, p: *const u32) -> Split<[f32; N]> {
-        split_broadcast(self, p)
-    }
-    #[inline(always)]
-    fn dot_pairs(self, acc: [f32; N], a: Split<[f32; N]>, b: Split<[f32; N]>) -> [f32; N] {
-        split_dot(self, acc, a, b)
-    }
+    split_pair_ops!([f32; N]);
     #[inline(always)]
     fn tile_col(self, tile: &[[f32; N]; N], j: usize) -> [f32; N] {
         tile[j]

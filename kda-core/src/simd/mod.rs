@@ -40,7 +40,7 @@ mod neon;
 mod portable;
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64", test)),
-    allow(dead_code)
+    allow(dead_code, unused_macros, unused_imports)
 )]
 mod vector;
 

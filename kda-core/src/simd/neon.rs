@@ -6,7 +6,7 @@ use core::arch::aarch64::*;
 
 use half::bf16;
 
-use super::vector::{split_broadcast, split_dot, split_load, Elem, Simd, Split};
+use super::vector::{split_broadcast, split_dot, split_load, split_pair_ops, Elem, Simd, Split};
 
 /// Proof that the CPU has NEON (every aarch64 CPU).
 #[derive(Clone, Copy)]
@@ -141,23 +141,7 @@ impl Simd for Neon {
             f(vtrn2q_f64(d(t1), d(t3))),
         ]
     }
-    #[inline(always)]
-    unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> Split<float32x4_t> {
-        split_load(self, lo, hi)
-    }
-    #[inline(always)]
-    unsafe fn broadcast_pair(self, p: *const u32) -> Split<float32x4_t> {
-        split_broadcast(self, p)
-    }
-    #[inline(always)]
-    fn dot_pairs(
-        self,
-        acc: float32x4_t,
-        a: Split<float32x4_t>,
-        b: Split<float32x4_t>,
-    ) -> float32x4_t {
-        split_dot(self, acc, a, b)
-    }
+    split_pair_ops!(float32x4_t);
     #[inline(always)]
     fn tile_col(self, tile: &[float32x4_t; 4], j: usize) -> float32x4_t {
         tile[j]

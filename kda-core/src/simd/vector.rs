@@ -170,9 +170,7 @@ pub(crate) trait Simd: Copy {
     /// `x` is valid for reading `2·LANES` f32 and `out` for writing `LANES` u32.
     #[inline(always)]
     unsafe fn round_pairs(self, x: *const f32, out: *mut u32) {
-        for j in 0..Self::LANES {
-            *out.add(j) = round_pair(*x.add(2 * j), *x.add(2 * j + 1));
-        }
+        round_pairs_scalar(Self::LANES, x, out)
     }
 
     /// `e^x` in every lane (the ISAs: [`exp_poly`]; the portable instantiation: `libm`).
@@ -181,6 +179,37 @@ pub(crate) trait Simd: Copy {
         exp_poly(self, x)
     }
 }
+
+/// [`Simd::round_pairs`] one pair at a time, for `lanes` pairs.
+///
+/// # Safety
+/// `x` is valid for reading `2·lanes` f32 and `out` for writing `lanes` u32.
+#[inline(always)]
+pub(crate) unsafe fn round_pairs_scalar(lanes: usize, x: *const f32, out: *mut u32) {
+    for j in 0..lanes {
+        *out.add(j) = round_pair(*x.add(2 * j), *x.add(2 * j + 1));
+    }
+}
+
+/// The [`Simd`] pair operations of a mapping without a bf16 dot product: [`Split`] pairs of
+/// the mapping's vector type `$f`.
+macro_rules! split_pair_ops {
+    ($f:ty) => {
+        #[inline(always)]
+        unsafe fn load_pairs(self, lo: *const bf16, hi: *const bf16) -> Split<$f> {
+            split_load(self, lo, hi)
+        }
+        #[inline(always)]
+        unsafe fn broadcast_pair(self, p: *const u32) -> Split<$f> {
+            split_broadcast(self, p)
+        }
+        #[inline(always)]
+        fn dot_pairs(self, acc: $f, a: Split<$f>, b: Split<$f>) -> $f {
+            split_dot(self, acc, a, b)
+        }
+    };
+}
+pub(crate) use split_pair_ops;
 
 /// The emulated [`Simd::P`]: the even and the odd elements of `LANES` bf16 pairs, widened.
 #[derive(Clone, Copy)]
