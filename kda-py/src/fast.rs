@@ -11,7 +11,7 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::PyType;
 
 use crate::array::F32Array;
 use crate::core_api::{self, GateForm};
@@ -31,10 +31,28 @@ struct TorchApi {
 }
 
 /// What the fast path needs of numpy, looked up once.
-struct NumpyApi {
+pub(crate) struct NumpyApi {
     ndarray: Py<PyType>,
     float32: Py<PyAny>,
     empty: Py<PyAny>,
+    asarray: Py<PyAny>,
+}
+
+impl NumpyApi {
+    /// A new uninitialised float32 array of `shape` ([`crate::pool::empty`]).
+    pub(crate) fn empty<'py>(
+        &self,
+        py: Python<'py>,
+        shape: &[usize],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::pool::empty(
+            py,
+            self.empty.bind(py),
+            self.asarray.bind(py),
+            self.float32.bind(py),
+            shape,
+        )
+    }
 }
 
 static TORCH: PyOnceLock<TorchApi> = PyOnceLock::new();
@@ -54,13 +72,14 @@ fn torch_api(py: Python<'_>) -> PyResult<TorchApi> {
     })
 }
 
-fn numpy_api(py: Python<'_>) -> PyResult<&'static NumpyApi> {
+pub(crate) fn numpy_api(py: Python<'_>) -> PyResult<&'static NumpyApi> {
     NUMPY.get_or_try_init(py, || {
         let m = py.import("numpy")?;
         Ok(NumpyApi {
             ndarray: m.getattr("ndarray")?.cast_into::<PyType>()?.unbind(),
             float32: m.getattr("float32")?.unbind(),
             empty: m.getattr("empty")?.unbind(),
+            asarray: m.getattr("asarray")?.unbind(),
         })
     })
 }
@@ -158,18 +177,15 @@ impl<'a> Kind<'a> {
     }
 
     /// A new uninitialised float32 array of `shape`, of this kind, and its view: a numpy
-    /// array, seen as a tensor for torch (as the general path makes its outputs).
+    /// array ([`NumpyApi::empty`]: large ones reuse freed outputs' memory), seen as a tensor
+    /// for torch (as the general path makes its outputs).
     fn new_array<'py>(
         self,
         py: Python<'py>,
         shape: &[usize],
         name: &str,
     ) -> PyResult<(Bound<'py, PyAny>, F32Array)> {
-        let np = numpy_api(py)?;
-        let arr = np
-            .empty
-            .bind(py)
-            .call1((PyTuple::new(py, shape)?, np.float32.bind(py)))?;
+        let arr = numpy_api(py)?.empty(py, shape)?;
         let view = F32Array::from_array_struct(&arr, name).ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err(format!(
                 "internal error in kda (please report): {name}: numpy.empty made no contiguous float32 array"

@@ -16,6 +16,7 @@ pub mod core_api;
 pub mod delta;
 pub mod fast;
 pub mod layer;
+pub mod pool;
 pub mod threads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -69,6 +70,13 @@ pub(crate) fn compute(
     })?;
     LAST_COMPUTE_NS.store(ns, Ordering::Relaxed);
     Ok(ns)
+}
+
+/// A new uninitialised float32 numpy array of `shape`, for the outputs of the general path
+/// ([`pool::empty`]: large ones reuse freed outputs' memory).
+#[pyfunction]
+fn new_f32<'py>(py: Python<'py>, shape: Vec<usize>) -> PyResult<Bound<'py, PyAny>> {
+    fast::numpy_api(py)?.empty(py, &shape)
 }
 
 /// Nanoseconds the last `chunk_kda` / `fused_recurrent_kda` call spent computing (the
@@ -372,6 +380,10 @@ fn kda_core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fla_forward, m)?)?;
     m.add_function(wrap_pyfunction!(fused_recurrent_kda, m)?)?;
     m.add_function(wrap_pyfunction!(last_compute_ns, m)?)?;
+    m.add_function(wrap_pyfunction!(new_f32, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::cache_info, m)?)?;
+    m.add_class::<pool::Buffer>()?;
     m.add_function(wrap_pyfunction!(threads::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(threads::get_num_threads, m)?)?;
     m.add_class::<layer::KdaLayer>()?;

@@ -456,3 +456,62 @@ def test_lower_bound_gate_without_a_log(fn):
     o, s = FUNCS[fn](x["q"], x["k"], x["v"], x["g"], x["beta"], dt_bias=x["dt_bias"], initial_state=x["h0"],
                      output_final_state=True, use_gate_in_kernel=True, lower_bound=-3.0)
     assert rel_rms(o, want_o) <= F32_TOL and rel_rms(s, want_s) <= F32_TOL
+
+
+def test_large_outputs_reuse_freed_memory():
+    """Outputs of 32 MiB or more come from kda's free list: a freed one's memory is reused
+    for the next (no fresh pages to zero-fill), never while an array still refers to it,
+    and `kda.empty_cache()` releases it."""
+    kda.empty_cache()
+    n = (32 << 20) // 4  # exactly the threshold
+    a = _core.new_f32([2, n // 2])
+    assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.shape == (2, n // 2)
+    assert a.flags.c_contiguous and a.flags.writeable
+    b = _core.new_f32([n])
+    assert a.ctypes.data != b.ctypes.data
+    a[...] = 1.0
+    b[...] = 2.0
+    assert (a == 1.0).all() and (b == 2.0).all(), "two live outputs share memory"
+    addr = a.ctypes.data
+    t = torch.from_numpy(a)  # torch outputs are tensors over these arrays
+    del a
+    assert _core.cache_info() == (0, 0), "memory reused while a tensor refers to it"
+    del t
+    assert _core.cache_info() == (1, n * 4)
+    c = _core.new_f32([n])
+    assert c.ctypes.data == addr, "the freed buffer was not reused"
+    assert _core.cache_info() == (0, 0)
+    # A request less than half a held buffer's size does not take it, nor a larger one.
+    del c
+    small = _core.new_f32([n // 2 - 1])
+    big = _core.new_f32([n + 1])
+    assert _core.cache_info() == (1, n * 4)
+    assert small.nbytes < (32 << 20) and small.base is None, "small outputs are plain numpy.empty"
+    kda.empty_cache()
+    assert _core.cache_info() == (0, 0)
+    del b, big, small
+    kda.empty_cache()
+
+
+def test_chunk_kda_large_output_from_the_free_list_is_exact():
+    """A call whose output reuses a freed output's memory gives the same bits as one on
+    fresh memory (the memory is written in full: nothing of the old output shows through)."""
+    kda.empty_cache()
+    T, H, K = 2048, 32, 128  # o: 32 MiB
+    g0 = torch.Generator().manual_seed(3)
+    q = F.normalize(torch.randn(1, T, H, K, generator=g0), dim=-1)
+    k = F.normalize(torch.randn(1, T, H, K, generator=g0), dim=-1)
+    v = torch.randn(1, T, H, K, generator=g0)
+    g = -torch.rand(1, T, H, K, generator=g0) * 0.1
+    beta = torch.rand(1, T, H, generator=g0)
+    o1, s1 = kda.chunk_kda(q, k, v, g, beta, output_final_state=True)
+    o1 = o1.clone()
+    junk, _ = kda.chunk_kda(q, k, -v * 7.0, g, beta)
+    junk_addr = junk.data_ptr()
+    del junk
+    assert _core.cache_info()[0] == 1
+    o2, s2 = kda.chunk_kda(q, k, v, g, beta, output_final_state=True)
+    assert o2.data_ptr() == junk_addr, "the output did not reuse the freed one's memory"
+    assert torch.equal(o1, o2) and torch.equal(s1, s2)
+    del o2
+    kda.empty_cache()

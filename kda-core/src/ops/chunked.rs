@@ -214,7 +214,7 @@ struct Scratch<'a> {
     chunk_decay: &'a mut [f32],
     /// `[K]` `e^{b_0}`: the first row's decay (a tame chunk's).
     first_decay: &'a mut [f32],
-    /// `[2K]` one row's `e^{b − b_0}` and `e^{b_0 − b}` (a tame chunk's).
+    /// `[2K]`, the first `K` used: the last row's `e^{b − b_0}` (a tame chunk's).
     exps: &'a mut [f32],
 }
 
@@ -632,37 +632,38 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<boo
     let e0 = &mut *sc.first_decay;
     e0.copy_from_slice(&bh[..kd]);
     simd::exp_in_place(isa, e0);
-    let (fwd, back) = sc.exps.split_at_mut(kd);
+    // The row factors e^{b_r − b_0} of the whole chunk at once, in `qf` (then replaced).
+    let (qf, kf) = (&mut sc.qf[..l * kd], &mut sc.kf[..l * kd]);
+    for (r, row) in qf.chunks_exact_mut(kd).enumerate() {
+        diff_row(row, bh, bl, r, 0, kd);
+    }
+    // A NaN fails too.
+    if !qf.iter().fold(true, |ok, &t| ok & (t.abs() <= MAX_SPREAD)) {
+        return Ok(false);
+    }
+    simd::exp_in_place(isa, qf);
+    let fwd = &mut sc.exps[..kd];
+    fwd.copy_from_slice(&qf[(l - 1) * kd..]);
     let (qd, kd_) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
     for r in 0..l {
         let row = r * kd..(r + 1) * kd;
-        diff_row(fwd, bh, bl, r, 0, kd);
-        // A NaN fails too.
-        if !fwd.iter().fold(true, |ok, &t| ok & (t.abs() <= MAX_SPREAD)) {
-            return Ok(false);
-        }
-        simd::exp_in_place(isa, fwd);
-        for (o, &x) in back.iter_mut().zip(fwd.iter()) {
-            *o = 1.0 / x;
-        }
-        let outs = sc.qf[row.clone()]
+        let outs = qf[row.clone()]
             .iter_mut()
-            .zip(&mut sc.kf[row.clone()])
+            .zip(&mut kf[row.clone()])
             .zip(&mut sc.k_to_end[row.clone()])
             .zip(&mut qd[row.clone()])
             .zip(&mut kd_[row]);
-        let ins = fwd.iter().zip(back.iter()).zip(e0.iter());
         let qk = inp.q.row(r).iter().zip(inp.k.row(r));
-        for ((((((qf, kf), kb), qdec), kdec), ((&f, &bk), &e)), (&qv, &kv)) in outs.zip(ins).zip(qk)
-        {
+        for (((((qf, kf), kb), qdec), kdec), ((&qv, &kv), &e)) in outs.zip(qk.zip(e0.iter())) {
+            let f = *qf;
             *qf = qv * f;
             *kf = kv * f;
-            *kb = kv * bk;
+            *kb = kv * (1.0 / f);
             *qdec = scale * e * *qf;
             *kdec = e * *kf;
         }
     }
-    // After the loop `fwd` holds e^{b_{l−1} − b_0}.
+    // `fwd` holds e^{b_{l−1} − b_0}.
     let kbt = &mut sc.k_hat_t[..kd * l];
     simd::transpose(isa, l, kd, &sc.k_to_end[..l * kd], kd, kbt, l)?;
     for ((dst, src), &f) in sc.k_to_end_t[..kd * l]

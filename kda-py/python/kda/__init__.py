@@ -9,9 +9,12 @@
   ``install_fla_shim()`` makes ``from fla.ops.kda import chunk_kda`` work without fla.
 
 Importing kda imports neither torch nor numpy; a call imports what its arguments need.
+
+Outputs of 32 MiB or more reuse the memory of earlier outputs that are gone (so the system
+does not zero-fill fresh pages inside every call); :func:`empty_cache` releases what is kept.
 """
 
-from ._core import get_num_threads, set_num_threads
+from ._core import empty_cache, get_num_threads, set_num_threads
 from ._ops import chunk_kda, fused_recurrent_kda, last_compute_seconds
 from . import integrations
 from .layer import KdaCache, KdaLayer
@@ -24,5 +27,6 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "last_compute_seconds",
+    "empty_cache",
     "integrations",
 ]

@@ -110,8 +110,11 @@ def offsets(cu_seqlens: Any, tokens: int, batch: int, name: str = "cu_seqlens") 
 
 
 def new_f32(shape: Tuple[int, ...]):
-    """An uninitialised float32 numpy array."""
-    return _np().empty(shape, dtype=_np().float32)
+    """An uninitialised float32 numpy array (large ones reuse the memory of freed outputs:
+    see ``kda.empty_cache``)."""
+    from . import _core
+
+    return _core.new_f32(list(shape))
 
 
 def output(arr, like: Any, dtype: Optional[str]):
