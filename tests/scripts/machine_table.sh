@@ -9,15 +9,17 @@
 # * criterion `projection` (kda-core): the projection GEMM 1024 × 2304 × 4096 with bf16 weights
 #   and the FMA peak measured in the same run (target ≥ 85 % of it), and the K3-sized decode
 #   GEMV against the read reference;
-# * `kda bench` (kda-host), each case N times (default 3; the log keeps every run):
+# * N rounds (default 3; the log keeps every run), each running every case below once and then
+#   the torch side by side, so that each ratio is taken within one round. `kda bench` (kda-host):
 #   Kimi Linear prefill T = 1024 at 1 and 2 threads (vs the FMA peak; 1 → 2 threads ≥ 1.8×),
 #   Kimi Linear decode, Kimi K3 decode batch 1 at 1 and 2 threads (vs the read reference,
 #   target ≥ 92 %), Kimi K3 decode batch 16 (GFLOP/s vs peak); on a CPU with avx512_bf16 the
 #   same prefill and decode cases in the bf16 precision mode (--precision bf16);
 # * with --python PY (a Python that imports torch and fla-core, e.g. kda-py's CI venv under
-#   ~/.cache/kda-py): tests/scripts/bench_torch.py at 1 and 2 threads (the side by side: prefill
-#   ≥ 2× torch's f32 layer, K3 decode ≥ 1.1× torch's bf16 layer), and, if PY also imports kda,
-#   kda-py/bench/bench_kda.py (chunk_kda vs fla's and transformers' references; decode overhead).
+#   ~/.cache/kda-py): tests/scripts/bench_torch.py at 1 and 2 threads in every round (the side
+#   by side: prefill ≥ 2× torch's f32 layer, K3 decode ≥ 1.1× torch's bf16 layer), and, once at
+#   the end if PY also imports kda, kda-py/bench/bench_kda.py (chunk_kda vs fla's and
+#   transformers' references; decode overhead).
 #
 # Nothing here is a pass/fail check: it prints the figures (and writes them to FILE, default
 # target/machine-table.log) for the README's table of this machine class. Run it on an idle
@@ -61,50 +63,58 @@ if [ "$CRITERION" = 1 ]; then
              /^ +(time|thrpt):/ && n<2 && name!="" {print name ": " $0; n++}' || true
 fi
 
-bench() {
-    local label=$1
-    shift
-    for r in $(seq 1 "$ROUNDS"); do
-        echo "### $label (round $r/$ROUNDS): kda bench $*"
-        "$KDA" bench "$@" 2>&1 | grep -E 'ISA|bandwidth|prefill|decode' || true
-    done
+run_case() {
+    local label=$1 r=$2
+    shift 2
+    echo "### $label (round $r/$ROUNDS): kda bench $*"
+    "$KDA" bench "$@" 2>&1 | grep -E 'ISA|bandwidth|prefill|decode' || true
 }
 
-section "kda bench"
-bench "Kimi Linear prefill T=1024, 1 thread" --preset kimi-linear --prompt 1024 --steps 8 --threads 1
-bench "Kimi Linear prefill T=1024, 2 threads" --preset kimi-linear --prompt 1024 --steps 8 --threads 2
-bench "Kimi Linear decode, batch 1, 1 thread" --preset kimi-linear --prompt 16 --steps 64 --threads 1
-bench "Kimi K3 decode, batch 1, 1 thread" --preset kimi-k3 --prompt 16 --steps 32 --threads 1
-bench "Kimi K3 decode, batch 1, 2 threads" --preset kimi-k3 --prompt 16 --steps 32 --threads 2
-bench "Kimi K3 decode, batch 16, 1 thread" --preset kimi-k3 --prompt 16 --steps 16 --batch 16 --threads 1
-if grep -q -w avx512_bf16 /proc/cpuinfo; then
-    bench "bf16 mode: Kimi Linear prefill T=1024, 1 thread" --preset kimi-linear --prompt 1024 --steps 8 --threads 1 --precision bf16
-    bench "bf16 mode: Kimi Linear prefill T=1024, 2 threads" --preset kimi-linear --prompt 1024 --steps 8 --threads 2 --precision bf16
-    bench "bf16 mode: Kimi K3 decode, batch 1, 1 thread" --preset kimi-k3 --prompt 16 --steps 32 --threads 1 --precision bf16
-    bench "bf16 mode: Kimi K3 decode, batch 16, 1 thread" --preset kimi-k3 --prompt 16 --steps 16 --batch 16 --threads 1 --precision bf16
-else
-    echo "skipped: bf16 mode cases (no avx512_bf16; the mode runs emulated here, slower than exact)"
-fi
-
+TORCH=0
 if [ -n "$PY" ]; then
     if "$PY" -c 'import torch, fla' 2>/dev/null; then
-        for t in 1 2; do
-            section "torch side by side, $t thread(s) (tests/scripts/bench_torch.py)"
-            MALLOC_MMAP_MAX_=0 OMP_NUM_THREADS=$t "$PY" tests/scripts/bench_torch.py --threads "$t" 2>&1 |
-                grep -v -i warn || true
-        done
+        TORCH=1
     else
         echo "skipped: $PY does not import torch and fla (tests/scripts/requirements.txt)"
     fi
+else
+    echo "skipped: torch side by side (give --python PY, a Python with torch and fla-core)"
+fi
+
+# Round by round, torch's side by side in the same round as kda's cases: this shared VM's
+# speed moves between minutes, so a ratio is taken within one round.
+for r in $(seq 1 "$ROUNDS"); do
+    section "round $r/$ROUNDS: kda bench"
+    run_case "Kimi Linear prefill T=1024, 1 thread" "$r" --preset kimi-linear --prompt 1024 --steps 8 --threads 1
+    run_case "Kimi Linear prefill T=1024, 2 threads" "$r" --preset kimi-linear --prompt 1024 --steps 8 --threads 2
+    run_case "Kimi Linear decode, batch 1, 1 thread" "$r" --preset kimi-linear --prompt 16 --steps 64 --threads 1
+    run_case "Kimi K3 decode, batch 1, 1 thread" "$r" --preset kimi-k3 --prompt 16 --steps 32 --threads 1
+    run_case "Kimi K3 decode, batch 1, 2 threads" "$r" --preset kimi-k3 --prompt 16 --steps 32 --threads 2
+    run_case "Kimi K3 decode, batch 16, 1 thread" "$r" --preset kimi-k3 --prompt 16 --steps 16 --batch 16 --threads 1
+    if grep -q -w avx512_bf16 /proc/cpuinfo; then
+        run_case "bf16 mode: Kimi Linear prefill T=1024, 1 thread" "$r" --preset kimi-linear --prompt 1024 --steps 8 --threads 1 --precision bf16
+        run_case "bf16 mode: Kimi Linear prefill T=1024, 2 threads" "$r" --preset kimi-linear --prompt 1024 --steps 8 --threads 2 --precision bf16
+        run_case "bf16 mode: Kimi K3 decode, batch 1, 1 thread" "$r" --preset kimi-k3 --prompt 16 --steps 32 --threads 1 --precision bf16
+        run_case "bf16 mode: Kimi K3 decode, batch 16, 1 thread" "$r" --preset kimi-k3 --prompt 16 --steps 16 --batch 16 --threads 1 --precision bf16
+    elif [ "$r" = 1 ]; then
+        echo "skipped: bf16 mode cases (no avx512_bf16; the mode runs emulated here, slower than exact)"
+    fi
+    if [ "$TORCH" = 1 ]; then
+        for t in 1 2; do
+            section "round $r/$ROUNDS: torch side by side, $t thread(s) (tests/scripts/bench_torch.py)"
+            MALLOC_MMAP_MAX_=0 OMP_NUM_THREADS=$t "$PY" tests/scripts/bench_torch.py --threads "$t" 2>&1 |
+                grep -v -i warn || true
+        done
+    fi
+done
+
+if [ -n "$PY" ]; then
     if "$PY" -c 'import kda, torch, fla, transformers' 2>/dev/null; then
         section "Python package (kda-py/bench/bench_kda.py)"
         "$PY" kda-py/bench/bench_kda.py 2>&1 | grep -v -i warn || true
     else
         echo "skipped: $PY does not import kda, torch, fla and transformers (pip install ./kda-py)"
     fi
-else
-    echo
-    echo "skipped: torch side by side (give --python PY, a Python with torch and fla-core)"
 fi
 
 echo
