@@ -6,36 +6,56 @@
 //! the kernel on first touch, inside the call: about 8–10 ms of a 0.21 s call on the test
 //! machine. Smaller outputs stay in malloc's heap and are reused already.
 //!
-//! So outputs of at least [`MIN_POOLED_BYTES`] are [`Buffer`]s: numpy arrays over memory this
-//! module owns (through the array interface, `numpy.asarray(buffer)`, torch tensors over
-//! those). When the last array over a buffer goes away, its memory goes back to a small free
-//! list instead of the system — at most [`MAX_FREE`] buffers, [`MAX_FREE_BYTES`] in all — and
-//! the next large output of a size it fits reuses it. `kda.empty_cache()` releases the list.
-//!
-//! Only memory no array refers to any more is ever reused (the buffer object is the arrays'
-//! `base`, kept alive by them), and an output is written in full by the call that returns it,
-//! as with `numpy.empty`.
+//! So an output of at least [`MIN_POOLED_BYTES`] is a view of a [`Buffer`]: an object that
+//! owns a flat float32 numpy array (made by `numpy.empty`, so a failed allocation is numpy's
+//! `MemoryError`) and shows its first elements through the array interface
+//! (`numpy.asarray(buffer)`; torch outputs are tensors over those views). The buffer is the
+//! views' `base`, kept alive by them; when the last one goes away, its array goes to a small
+//! free list instead of back to the system — at most [`MAX_FREE`] arrays, [`MAX_FREE_BYTES`]
+//! in all — and the next large output that it fits reuses it. `kda.empty_cache()` releases the
+//! list. So memory is reused only once nothing refers to it, and an output is written in full
+//! by the call that returns it, as with `numpy.empty`.
 
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
+use crate::array::F32Array;
+
 /// Outputs at least this large come from the free list (glibc's largest dynamic mmap
 /// threshold: below it freed memory stays in malloc's heap).
 pub const MIN_POOLED_BYTES: usize = 32 << 20;
-/// Most buffers kept for reuse.
+/// Most arrays kept for reuse.
 pub const MAX_FREE: usize = 4;
 /// Most bytes kept for reuse.
 pub const MAX_FREE_BYTES: usize = 1 << 30;
 
-/// Freed buffers kept for reuse, oldest first.
-#[derive(Debug, Default)]
-pub struct FreeList {
-    buffers: Vec<Box<[f32]>>,
+/// Something of `len()` float32 elements the free list can hold.
+pub trait Sized32 {
+    /// Elements.
+    fn elements(&self) -> usize;
 }
 
-impl FreeList {
+impl Sized32 for Box<[f32]> {
+    fn elements(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Freed buffers kept for reuse, oldest first.
+#[derive(Debug)]
+pub struct FreeList<B> {
+    buffers: Vec<B>,
+}
+
+impl<B: Sized32> Default for FreeList<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: Sized32> FreeList<B> {
     /// An empty list.
     pub const fn new() -> Self {
         FreeList {
@@ -45,7 +65,7 @@ impl FreeList {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.buffers.iter().map(|b| b.len() * 4).sum()
+        self.buffers.iter().map(|b| b.elements() * 4).sum()
     }
 
     /// Buffers held.
@@ -60,66 +80,99 @@ impl FreeList {
 
     /// The smallest held buffer of `len..=2·len` elements, taken off the list (a much larger
     /// one is left for a request it suits better).
-    pub fn take(&mut self, len: usize) -> Option<Box<[f32]>> {
+    pub fn take(&mut self, len: usize) -> Option<B> {
         let (at, _) = self
             .buffers
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.len() >= len && b.len() / 2 <= len)
-            .min_by_key(|(_, b)| b.len())?;
+            .filter(|(_, b)| b.elements() >= len && b.elements() / 2 <= len)
+            .min_by_key(|(_, b)| b.elements())?;
         Some(self.buffers.remove(at))
     }
 
     /// Keeps `b` for reuse, dropping the oldest buffers beyond [`MAX_FREE`] /
-    /// [`MAX_FREE_BYTES`] (a buffer larger than the byte limit is not kept).
-    pub fn put(&mut self, b: Box<[f32]>) {
-        if b.len() * 4 > MAX_FREE_BYTES {
-            return;
+    /// [`MAX_FREE_BYTES`] (a buffer larger than the byte limit is not kept); returns what it
+    /// dropped, for the caller to release outside the list's lock.
+    pub fn put(&mut self, b: B) -> Vec<B> {
+        if b.elements() * 4 > MAX_FREE_BYTES {
+            return vec![b];
         }
         self.buffers.push(b);
+        let mut dropped = Vec::new();
         while self.buffers.len() > MAX_FREE || self.bytes() > MAX_FREE_BYTES {
-            self.buffers.remove(0);
+            dropped.push(self.buffers.remove(0));
         }
+        dropped
     }
 
-    /// Drops every held buffer.
-    pub fn clear(&mut self) {
-        self.buffers.clear();
+    /// Takes every held buffer off the list.
+    pub fn clear(&mut self) -> Vec<B> {
+        std::mem::take(&mut self.buffers)
     }
 }
 
-static FREE: Mutex<FreeList> = Mutex::new(FreeList::new());
-
-fn free_list() -> std::sync::MutexGuard<'static, FreeList> {
-    // The list stays consistent whatever panicked while it was held: every operation on it
-    // is a single push / remove.
-    FREE.lock().unwrap_or_else(|e| e.into_inner())
+/// A flat float32 numpy array of `len` elements (C-contiguous and aligned: `numpy.empty`'s).
+struct Storage {
+    /// The array: owns the memory (read only by its drop).
+    _array: Py<PyAny>,
+    addr: usize,
+    len: usize,
 }
 
-/// `len` elements for an output: a buffer of the free list, or new memory (zero pages from
-/// the system, as `numpy.empty` gets them). Its first `len` elements are the output.
-fn storage(len: usize) -> Box<[f32]> {
-    free_list()
-        .take(len)
-        .unwrap_or_else(|| vec![0.0f32; len].into_boxed_slice())
+impl Sized32 for Storage {
+    fn elements(&self) -> usize {
+        self.len
+    }
 }
 
-/// Memory under large outputs, exposed to numpy through the array interface (version 3); the
-/// arrays over it keep it alive, and its memory goes back to the free list when they are all
-/// gone.
+static FREE: Mutex<FreeList<Storage>> = Mutex::new(FreeList::new());
+
+/// Runs `f` on the free list. It stays consistent whatever panicked while it was held (every
+/// operation on it is a single push or remove), and no Python code runs under its lock: what
+/// `f` takes off the list is released by the caller afterwards.
+fn with_free_list<T>(f: impl FnOnce(&mut FreeList<Storage>) -> T) -> T {
+    f(&mut FREE.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Memory for `len` elements: an array of the free list, or a new one (`numpy.empty`: zero
+/// pages from the system, a `MemoryError` if there is not enough).
+fn storage(
+    np_empty: &Bound<'_, PyAny>,
+    np_float32: &Bound<'_, PyAny>,
+    len: usize,
+) -> PyResult<Storage> {
+    if let Some(s) = with_free_list(|f| f.take(len)) {
+        return Ok(s);
+    }
+    let array = np_empty.call1((len, np_float32))?;
+    let view = F32Array::from_array_struct(&array, "output").ok_or_else(|| {
+        pyo3::exceptions::PyRuntimeError::new_err(
+            "internal error in kda (please report): numpy.empty made no contiguous float32 array",
+        )
+    })?;
+    Ok(Storage {
+        addr: view.as_slice().as_ptr() as usize,
+        _array: array.unbind(),
+        len,
+    })
+}
+
+/// The memory under a large output, shown to numpy through the array interface (version 3)
+/// as a writable C-contiguous float32 array of `shape`; it goes back to the free list when the
+/// last array over it is gone.
 #[pyclass(frozen, module = "kda._core")]
 pub struct Buffer {
-    /// The memory (empty only once dropped).
-    data: Box<[f32]>,
-    /// Address of the first element.
+    /// The memory (`None` only once dropped).
+    storage: Option<Storage>,
+    /// Address of its first element.
     addr: usize,
-    /// The array's shape (its elements are the first ones of `data`).
+    /// The shape shown (its elements are the first ones of the storage).
     shape: Vec<usize>,
 }
 
 #[pymethods]
 impl Buffer {
-    /// numpy's array interface: a writable, C-contiguous float32 array of `shape`.
+    /// numpy's array interface.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -133,15 +186,15 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        let data = std::mem::take(&mut self.data);
-        if !data.is_empty() {
-            free_list().put(data);
+        if let Some(s) = self.storage.take() {
+            // Released here, outside the list's lock (dropping a numpy array runs its code).
+            drop(with_free_list(|f| f.put(s)));
         }
     }
 }
 
-/// A new uninitialised float32 numpy array of `shape` (`numpy.empty`); from the free list
-/// when it is [`MIN_POOLED_BYTES`] or larger.
+/// A new uninitialised float32 numpy array of `shape` (`numpy.empty`); a view of a pooled
+/// [`Buffer`] when it is [`MIN_POOLED_BYTES`] or larger.
 pub fn empty<'py>(
     py: Python<'py>,
     np_empty: &Bound<'py, PyAny>,
@@ -149,36 +202,33 @@ pub fn empty<'py>(
     np_float32: &Bound<'py, PyAny>,
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let len = shape
+    let pooled = shape
         .iter()
         .try_fold(1usize, |n, &s| n.checked_mul(s))
-        .filter(|n| n.checked_mul(4).is_some())
-        .ok_or_else(|| {
-            pyo3::exceptions::PyValueError::new_err(format!("output shape {shape:?} is too large"))
-        })?;
-    if len * 4 < MIN_POOLED_BYTES {
+        .filter(|&n| n.checked_mul(4).is_some_and(|b| b >= MIN_POOLED_BYTES));
+    let Some(len) = pooled else {
+        // Small, or too large to count: numpy's own (and its error).
         return np_empty.call1((PyTuple::new(py, shape)?, np_float32));
-    }
-    let data = storage(len);
+    };
+    let storage = storage(np_empty, np_float32, len)?;
     let buffer = Buffer {
-        addr: data.as_ptr() as usize,
-        data,
+        addr: storage.addr,
+        storage: Some(storage),
         shape: shape.to_vec(),
     };
     np_asarray.call1((Bound::new(py, buffer)?,))
 }
 
-/// Releases the buffers kept for reuse (`kda.empty_cache()`).
+/// Releases the arrays kept for reuse (`kda.empty_cache()`).
 #[pyfunction]
 pub fn empty_cache() {
-    free_list().clear();
+    drop(with_free_list(FreeList::clear));
 }
 
-/// `(buffers, bytes)` kept for reuse now.
+/// `(arrays, bytes)` kept for reuse now.
 #[pyfunction]
 pub fn cache_info() -> (usize, usize) {
-    let f = free_list();
-    (f.len(), f.bytes())
+    with_free_list(|f| (f.len(), f.bytes()))
 }
 
 #[cfg(test)]
@@ -192,9 +242,9 @@ mod tests {
     #[test]
     fn take_picks_the_smallest_fitting_buffer() {
         let mut f = FreeList::new();
-        f.put(buf(100));
-        f.put(buf(60));
-        f.put(buf(300));
+        for len in [100, 60, 300] {
+            assert!(f.put(buf(len)).is_empty());
+        }
         assert_eq!(f.take(50).map(|b| b.len()), Some(60));
         assert_eq!(f.take(50).map(|b| b.len()), Some(100));
         // 300 is more than twice 120: left for a request it suits.
@@ -206,10 +256,12 @@ mod tests {
     #[test]
     fn put_keeps_the_newest_within_the_limits() {
         let mut f = FreeList::new();
+        let mut dropped = Vec::new();
         for len in 1..=MAX_FREE + 2 {
-            f.put(buf(len));
+            dropped.extend(f.put(buf(len)));
         }
         assert_eq!(f.len(), MAX_FREE);
+        assert_eq!(dropped.iter().map(|b| b.len()).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(
             f.take(1).map(|b| b.len()),
             Some(3),
@@ -220,8 +272,8 @@ mod tests {
         f.put(buf(big));
         assert!(f.bytes() <= MAX_FREE_BYTES);
         assert_eq!(f.len(), 1, "{:?}", f.bytes());
-        f.clear();
-        f.put(buf(MAX_FREE_BYTES / 4 + 1));
+        assert_eq!(f.clear().len(), 1);
+        assert_eq!(f.put(buf(MAX_FREE_BYTES / 4 + 1)).len(), 1);
         assert!(f.is_empty(), "a buffer over the byte limit is not kept");
     }
 }

@@ -515,3 +515,11 @@ def test_chunk_kda_large_output_from_the_free_list_is_exact():
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
     del o2
     kda.empty_cache()
+
+
+def test_large_output_allocation_failure_is_a_memory_error():
+    """A large output the system cannot give is numpy's MemoryError, not an abort."""
+    kda.empty_cache()
+    with pytest.raises(MemoryError):
+        _core.new_f32([1 << 40])
+    assert _core.cache_info() == (0, 0)
