@@ -33,26 +33,12 @@ struct TorchApi {
 /// What the fast path needs of numpy, looked up once.
 pub(crate) struct NumpyApi {
     ndarray: Py<PyType>,
-    float32: Py<PyAny>,
-    empty: Py<PyAny>,
-    asarray: Py<PyAny>,
-}
-
-impl NumpyApi {
-    /// A new uninitialised float32 array of `shape` ([`crate::pool::empty`]).
-    pub(crate) fn empty<'py>(
-        &self,
-        py: Python<'py>,
-        shape: &[usize],
-    ) -> PyResult<Bound<'py, PyAny>> {
-        crate::pool::empty(
-            py,
-            self.empty.bind(py),
-            self.asarray.bind(py),
-            self.float32.bind(py),
-            shape,
-        )
-    }
+    /// `numpy.float32`.
+    pub(crate) float32: Py<PyAny>,
+    /// `numpy.empty`.
+    pub(crate) empty: Py<PyAny>,
+    /// `numpy.asarray`.
+    pub(crate) asarray: Py<PyAny>,
 }
 
 static TORCH: PyOnceLock<TorchApi> = PyOnceLock::new();
@@ -177,7 +163,7 @@ impl<'a> Kind<'a> {
     }
 
     /// A new uninitialised float32 array of `shape`, of this kind, and its view: a numpy
-    /// array ([`NumpyApi::empty`]: large ones reuse freed outputs' memory), seen as a tensor
+    /// array ([`crate::pool::empty`]: large ones reuse freed outputs' memory), seen as a tensor
     /// for torch (as the general path makes its outputs).
     fn new_array<'py>(
         self,
@@ -185,7 +171,7 @@ impl<'a> Kind<'a> {
         shape: &[usize],
         name: &str,
     ) -> PyResult<(Bound<'py, PyAny>, F32Array)> {
-        let arr = numpy_api(py)?.empty(py, shape)?;
+        let arr = crate::pool::empty(py, numpy_api(py)?, shape)?;
         let view = F32Array::from_array_struct(&arr, name).ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err(format!(
                 "internal error in kda (please report): {name}: numpy.empty made no contiguous float32 array"

@@ -76,7 +76,7 @@ pub(crate) fn compute(
 /// ([`pool::empty`]: large ones reuse freed outputs' memory).
 #[pyfunction]
 fn new_f32<'py>(py: Python<'py>, shape: Vec<usize>) -> PyResult<Bound<'py, PyAny>> {
-    fast::numpy_api(py)?.empty(py, &shape)
+    pool::empty(py, fast::numpy_api(py)?, &shape)
 }
 
 /// Nanoseconds the last `chunk_kda` / `fused_recurrent_kda` call spent computing (the

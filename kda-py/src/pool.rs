@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::array::F32Array;
+use crate::fast::NumpyApi;
 
 /// Outputs at least this large come from the free list (glibc's largest dynamic mmap
 /// threshold: below it freed memory stays in malloc's heap).
@@ -31,7 +32,7 @@ pub const MAX_FREE: usize = 4;
 /// Most bytes kept for reuse.
 pub const MAX_FREE_BYTES: usize = 1 << 30;
 
-/// Something of `len()` float32 elements the free list can hold.
+/// What the free list holds: a buffer of `elements()` float32s.
 pub trait Sized32 {
     /// Elements.
     fn elements(&self) -> usize;
@@ -136,15 +137,11 @@ fn with_free_list<T>(f: impl FnOnce(&mut FreeList<Storage>) -> T) -> T {
 
 /// Memory for `len` elements: an array of the free list, or a new one (`numpy.empty`: zero
 /// pages from the system, a `MemoryError` if there is not enough).
-fn storage(
-    np_empty: &Bound<'_, PyAny>,
-    np_float32: &Bound<'_, PyAny>,
-    len: usize,
-) -> PyResult<Storage> {
+fn storage(py: Python<'_>, np: &NumpyApi, len: usize) -> PyResult<Storage> {
     if let Some(s) = with_free_list(|f| f.take(len)) {
         return Ok(s);
     }
-    let array = np_empty.call1((len, np_float32))?;
+    let array = np.empty.bind(py).call1((len, np.float32.bind(py)))?;
     let view = F32Array::from_array_struct(&array, "output").ok_or_else(|| {
         pyo3::exceptions::PyRuntimeError::new_err(
             "internal error in kda (please report): numpy.empty made no contiguous float32 array",
@@ -164,8 +161,6 @@ fn storage(
 pub struct Buffer {
     /// The memory (`None` only once dropped).
     storage: Option<Storage>,
-    /// Address of its first element.
-    addr: usize,
     /// The shape shown (its elements are the first ones of the storage).
     shape: Vec<usize>,
 }
@@ -175,10 +170,11 @@ impl Buffer {
     /// numpy's array interface.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let addr = self.storage.as_ref().map_or(0, |s| s.addr);
         let d = PyDict::new(py);
         d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
         d.set_item("typestr", "<f4")?;
-        d.set_item("data", (self.addr, false))?;
+        d.set_item("data", (addr, false))?;
         d.set_item("version", 3)?;
         Ok(d)
     }
@@ -195,11 +191,9 @@ impl Drop for Buffer {
 
 /// A new uninitialised float32 numpy array of `shape` (`numpy.empty`); a view of a pooled
 /// [`Buffer`] when it is [`MIN_POOLED_BYTES`] or larger.
-pub fn empty<'py>(
+pub(crate) fn empty<'py>(
     py: Python<'py>,
-    np_empty: &Bound<'py, PyAny>,
-    np_asarray: &Bound<'py, PyAny>,
-    np_float32: &Bound<'py, PyAny>,
+    np: &NumpyApi,
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyAny>> {
     let pooled = shape
@@ -208,15 +202,16 @@ pub fn empty<'py>(
         .filter(|&n| n.checked_mul(4).is_some_and(|b| b >= MIN_POOLED_BYTES));
     let Some(len) = pooled else {
         // Small, or too large to count: numpy's own (and its error).
-        return np_empty.call1((PyTuple::new(py, shape)?, np_float32));
+        return np
+            .empty
+            .bind(py)
+            .call1((PyTuple::new(py, shape)?, np.float32.bind(py)));
     };
-    let storage = storage(np_empty, np_float32, len)?;
     let buffer = Buffer {
-        addr: storage.addr,
-        storage: Some(storage),
+        storage: Some(storage(py, np, len)?),
         shape: shape.to_vec(),
     };
-    np_asarray.call1((Bound::new(py, buffer)?,))
+    np.asarray.bind(py).call1((Bound::new(py, buffer)?,))
 }
 
 /// Releases the arrays kept for reuse (`kda.empty_cache()`).

@@ -214,8 +214,8 @@ struct Scratch<'a> {
     chunk_decay: &'a mut [f32],
     /// `[K]` `e^{b_0}`: the first row's decay (a tame chunk's).
     first_decay: &'a mut [f32],
-    /// `[2K]`, the first `K` used: the last row's `e^{b − b_0}` (a tame chunk's).
-    exps: &'a mut [f32],
+    /// `[K]` the last row's `e^{b − b_0}` (a tame chunk's).
+    last_exps: &'a mut [f32],
 }
 
 /// f32 elements of scratch [`chunked_head`] needs for chunk size `chunk`, key dim `k`, value
@@ -226,15 +226,15 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
     }
     let c = chunk;
     // Nine [C, K] (cum_hi … k_hat_t, decayed counting two), two [16, K] (q_block, k_block),
-    // two [C, C] (a_qk, neg_a_kk), two [C, V] (out_delta), four [K] (chunk_decay,
-    // first_decay, exps).
+    // two [C, C] (a_qk, neg_a_kk), two [C, V] (out_delta), three [K] (chunk_decay,
+    // first_decay, last_exps).
     // Saturating: an impossible size makes the caller's workspace check fail, not overflow.
     (9 * c)
         .saturating_mul(k)
         .saturating_add((2 * SUB).saturating_mul(k))
         .saturating_add(2 * c * c)
         .saturating_add((2 * c).saturating_mul(v))
-        .saturating_add(k.saturating_mul(4))
+        .saturating_add(k.saturating_mul(3))
 }
 
 fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
@@ -253,7 +253,7 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     let (out_delta, rest) = rest.split_at_mut(2 * c * v);
     let (chunk_decay, rest) = rest.split_at_mut(k);
     let (first_decay, rest) = rest.split_at_mut(k);
-    let exps = &mut rest[..2 * k];
+    let last_exps = &mut rest[..k];
     Scratch {
         cum_hi,
         cum_lo,
@@ -270,7 +270,7 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
         out_delta,
         chunk_decay,
         first_decay,
-        exps,
+        last_exps,
     }
 }
 
@@ -642,7 +642,7 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<boo
         return Ok(false);
     }
     simd::exp_in_place(isa, qf);
-    let fwd = &mut sc.exps[..kd];
+    let fwd = &mut *sc.last_exps;
     fwd.copy_from_slice(&qf[(l - 1) * kd..]);
     let (qd, kd_) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
     for r in 0..l {

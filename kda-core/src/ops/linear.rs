@@ -588,6 +588,19 @@ mod tests {
 
     use crate::test_rng::uniform as lcg;
 
+    /// Random `[n_out, n_in]` bf16 weights, row-major and packed in the panel layout.
+    fn bf16_rows_and_panels(
+        s: &mut u64,
+        n_out: usize,
+        n_in: usize,
+    ) -> (std::vec::Vec<bf16>, std::vec::Vec<bf16>) {
+        let wb: std::vec::Vec<bf16> = (0..n_out * n_in).map(|_| bf16::from_f32(lcg(s))).collect();
+        let rows = MatRef::new("w", Data::Bf16(&wb), n_out, n_in).unwrap();
+        let mut pk = std::vec![bf16::ZERO; crate::weights::panels_len(n_out, n_in).unwrap()];
+        crate::weights::pack_panels(&rows, &mut pk).unwrap();
+        (wb, pk)
+    }
+
     #[test]
     fn linear_matches_f64_reference_for_every_format() {
         let mut s = 7u64;
@@ -616,12 +629,8 @@ mod tests {
         let mut s = 11u64;
         let (n_in, n_out) = (70, 37);
         let x: std::vec::Vec<f32> = (0..13 * n_in).map(|_| lcg(&mut s)).collect();
-        let wb: std::vec::Vec<bf16> = (0..n_out * n_in)
-            .map(|_| bf16::from_f32(lcg(&mut s)))
-            .collect();
+        let (wb, pk) = bf16_rows_and_panels(&mut s, n_out, n_in);
         let rows = MatRef::new("w", Data::Bf16(&wb), n_out, n_in).unwrap();
-        let mut pk = std::vec![bf16::ZERO; crate::weights::panels_len(n_out, n_in).unwrap()];
-        crate::weights::pack_panels(&rows, &mut pk).unwrap();
         let panels = MatRef::new_panels("w", Data::Bf16(&pk), n_out, n_in).unwrap();
         assert!(crate::weights::pack_panels(&panels, &mut pk.clone()).is_err());
         for isa in Isa::all_supported() {
@@ -675,12 +684,8 @@ mod tests {
                     p
                 })
                 .collect();
-            let wb: std::vec::Vec<bf16> = (0..n_out * n_in)
-                .map(|_| bf16::from_f32(lcg(&mut s)))
-                .collect();
+            let (wb, pk) = bf16_rows_and_panels(&mut s, n_out, n_in);
             let rows = MatRef::new("w", Data::Bf16(&wb), n_out, n_in).unwrap();
-            let mut pk = std::vec![bf16::ZERO; crate::weights::panels_len(n_out, n_in).unwrap()];
-            crate::weights::pack_panels(&rows, &mut pk).unwrap();
             let panels = MatRef::new_panels("w", Data::Bf16(&pk), n_out, n_in).unwrap();
             let w2 = n_in.div_ceil(2);
             let row = |t: usize| &pairs[t * w2..(t + 1) * w2];

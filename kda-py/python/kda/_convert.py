@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
+from . import _core
+
 _FLOAT_NAMES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -112,8 +114,6 @@ def offsets(cu_seqlens: Any, tokens: int, batch: int, name: str = "cu_seqlens") 
 def new_f32(shape: Tuple[int, ...]):
     """An uninitialised float32 numpy array (large ones reuse the memory of freed outputs:
     see ``kda.empty_cache``)."""
-    from . import _core
-
     return _core.new_f32(list(shape))
 
 
