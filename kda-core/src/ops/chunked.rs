@@ -577,10 +577,10 @@ fn one_chunk_body(
     state: &mut [f32],
     sc: &mut Scratch<'_>,
 ) -> Result<(), KdaError> {
-    cumulative_decay(inp, sc);
     if tame_factors(isa, inp, sc)? {
         tame_matrices(isa, inp, sc)?;
     } else {
+        cumulative_decay(inp, sc);
         row_factors(isa, inp, sc)?;
         intra_chunk_matrices(isa, inp, sc)?;
     }
@@ -626,44 +626,39 @@ fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
 /// (kept transposed); and [`tame_matrices`] builds `A` as `qf·kbᵀ`, `kf·kbᵀ`.
 #[inline(always)]
 fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<bool, KdaError> {
-    let (kd, l, scale) = (inp.kd, inp.l, inp.scale);
-    let (bh, bl) = (&sc.cum_hi[..l * kd], &sc.cum_lo[..l * kd]);
-    // Row 0 of the sums is g_0 itself (its low part is 0).
-    let e0 = &mut *sc.first_decay;
-    e0.copy_from_slice(&bh[..kd]);
-    simd::exp_in_place(isa, e0);
-    // The row factors e^{b_r − b_0} of the whole chunk at once, in `qf` (then replaced).
-    let (qf, kf) = (&mut sc.qf[..l * kd], &mut sc.kf[..l * kd]);
-    for (r, row) in qf.chunks_exact_mut(kd).enumerate() {
-        diff_row(row, bh, bl, r, 0, kd);
+    let (kd, l) = (inp.kd, inp.l);
+    fn rows<'a>(x: &StridedRows<'a>) -> (&'a [f32], usize) {
+        (x.data, x.stride)
     }
-    // A NaN fails too.
-    if !qf.iter().fold(true, |ok, &t| ok & (t.abs() <= MAX_SPREAD)) {
+    let (qd, kd_) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
+    let tame = simd::tame_rows(
+        isa,
+        &simd::TameIn {
+            q: rows(&inp.q),
+            k: rows(&inp.k),
+            g: rows(&inp.g),
+            rows: l,
+            dim: kd,
+            scale: inp.scale,
+            limit: MAX_SPREAD,
+        },
+        &mut simd::TameOut {
+            qf: &mut sc.qf[..l * kd],
+            kf: &mut sc.kf[..l * kd],
+            kb: &mut sc.k_to_end[..l * kd],
+            qd,
+            kd: kd_,
+            first: sc.first_decay,
+            last: sc.last_exps,
+            hi: &mut sc.cum_hi[..kd],
+            lo: &mut sc.cum_lo[..kd],
+        },
+    )?;
+    if !tame {
         return Ok(false);
     }
-    simd::exp_in_place(isa, qf);
-    let fwd = &mut *sc.last_exps;
-    fwd.copy_from_slice(&qf[(l - 1) * kd..]);
-    let (qd, kd_) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
-    for r in 0..l {
-        let row = r * kd..(r + 1) * kd;
-        let outs = qf[row.clone()]
-            .iter_mut()
-            .zip(&mut kf[row.clone()])
-            .zip(&mut sc.k_to_end[row.clone()])
-            .zip(&mut qd[row.clone()])
-            .zip(&mut kd_[row]);
-        let qk = inp.q.row(r).iter().zip(inp.k.row(r));
-        for (((((qf, kf), kb), qdec), kdec), ((&qv, &kv), &e)) in outs.zip(qk.zip(e0.iter())) {
-            let f = *qf;
-            *qf = qv * f;
-            *kf = kv * f;
-            *kb = kv * (1.0 / f);
-            *qdec = scale * e * *qf;
-            *kdec = e * *kf;
-        }
-    }
-    // `fwd` holds e^{b_{l−1} − b_0}.
+    // `last_exps` holds e^{b_{l−1} − b_0}.
+    let (fwd, e0) = (&*sc.last_exps, &*sc.first_decay);
     let kbt = &mut sc.k_hat_t[..kd * l];
     simd::transpose(isa, l, kd, &sc.k_to_end[..l * kd], kd, kbt, l)?;
     for ((dst, src), &f) in sc.k_to_end_t[..kd * l]

@@ -81,6 +81,10 @@ impl Simd for Avx2 {
         unsafe { _mm256_add_ps(a, b) }
     }
     #[inline(always)]
+    fn sub(self, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_sub_ps(a, b) }
+    }
+    #[inline(always)]
     fn mul(self, a: __m256, b: __m256) -> __m256 {
         unsafe { _mm256_mul_ps(a, b) }
     }

@@ -92,6 +92,10 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
         unsafe { _mm512_add_ps(a, b) }
     }
     #[inline(always)]
+    fn sub(self, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
     fn mul(self, a: __m512, b: __m512) -> __m512 {
         unsafe { _mm512_mul_ps(a, b) }
     }

@@ -254,6 +254,132 @@ pub(crate) unsafe fn exp_in_place<S: Simd>(s: S, x: &mut [f32]) {
     }
 }
 
+/// Rows of `dim` f32 `stride` apart, read by [`tame_rows`].
+#[derive(Clone, Copy)]
+pub(crate) struct Src {
+    pub p: *const f32,
+    pub stride: usize,
+}
+
+/// The arguments of [`tame_rows`] (see [`super::tame_rows`]): inputs `q`, `k`, `g` of `rows`
+/// rows of `dim`; outputs `[rows, dim]` row-major (`qf` … `kd`) and `[dim]` (`first`, `last`).
+pub(crate) struct Tame {
+    pub q: Src,
+    pub k: Src,
+    pub g: Src,
+    pub rows: usize,
+    pub dim: usize,
+    pub scale: f32,
+    pub limit: f32,
+    pub qf: *mut f32,
+    pub kf: *mut f32,
+    pub kb: *mut f32,
+    pub qd: *mut f32,
+    pub kd: *mut f32,
+    pub first: *mut f32,
+    pub last: *mut f32,
+    pub hi: *mut f32,
+    pub lo: *mut f32,
+}
+
+/// `n ≤ LANES` values at `p` (the rest of the vector 0).
+#[inline(always)]
+unsafe fn load_n<S: Simd>(s: S, p: *const f32, n: usize) -> S::F {
+    if n == S::LANES {
+        s.load(p)
+    } else {
+        s.load_partial(p, n)
+    }
+}
+
+/// The first `n ≤ LANES` lanes of `v` at `p`.
+#[inline(always)]
+unsafe fn store_n<S: Simd>(s: S, p: *mut f32, n: usize, v: S::F) {
+    if n == S::LANES {
+        s.store(p, v)
+    } else {
+        s.store_partial(p, n, v)
+    }
+}
+
+const AHEAD: usize = 2;
+
+/// A tame chunk's row factors in one pass over its inputs, row by row (the running sums of
+/// the row before in `hi`, `lo`). Returns whether every `|b_r − b_0|` is at most `limit` (a
+/// NaN fails); if not, the outputs are partly written.
+#[inline(always)]
+pub(crate) unsafe fn tame_rows<S: Simd>(s: S, t: &Tame) -> bool {
+    let mut spill = s.splat(0.0);
+    for r in 0..t.rows {
+        if r + AHEAD < t.rows {
+            for src in [t.q, t.k, t.g] {
+                let row = src.p.add((r + AHEAD) * src.stride);
+                for c in (0..t.dim).step_by(16) {
+                    s.prefetch(row.add(c));
+                }
+            }
+        }
+        let mut d = 0;
+        while d < t.dim {
+            let n = (t.dim - d).min(S::LANES);
+            spill = tame_vector(s, t, (r, d, n), spill);
+            d += n;
+        }
+    }
+    // A sum of squares: 0 only if every term is.
+    s.reduce_sum(spill) == 0.0
+}
+
+/// Columns `d..d + n` of row `r` of [`tame_rows`]: the same operations, in the same order, as
+/// the reference's (`portable::tame_rows`), with the path's `exp`. Returns `spill` plus the
+/// squares of how far each `b_r − b_0` lies outside `±limit` (0 within; NaN stays NaN).
+#[inline(always)]
+unsafe fn tame_vector<S: Simd>(
+    s: S,
+    t: &Tame,
+    (r, d, n): (usize, usize, usize),
+    spill: S::F,
+) -> S::F {
+    let g0 = load_n(s, t.g.p.add(d), n);
+    let (hi, lo) = if r == 0 {
+        store_n(s, t.first.add(d), n, s.exp(g0));
+        (g0, s.splat(0.0))
+    } else {
+        // TwoSum: `hi + lo` is the compensated running sum.
+        let x = load_n(s, t.g.p.add(r * t.g.stride + d), n);
+        let (hi, lo) = (load_n(s, t.hi.add(d), n), load_n(s, t.lo.add(d), n));
+        let sum = s.add(hi, x);
+        let bp = s.sub(sum, hi);
+        let err = s.add(s.sub(hi, s.sub(sum, bp)), s.sub(x, bp));
+        (sum, s.add(lo, err))
+    };
+    store_n(s, t.hi.add(d), n, hi);
+    store_n(s, t.lo.add(d), n, lo);
+    // b_r − b_0 (b_0's low part is 0).
+    let diff = s.add(s.sub(hi, g0), lo);
+    let out = s.sub(diff, s.clamp(diff, -t.limit, t.limit));
+    let f = s.exp(diff);
+    if r + 1 == t.rows {
+        store_n(s, t.last.add(d), n, f);
+    }
+    let first = load_n(s, t.first.add(d), n);
+    let q = load_n(s, t.q.p.add(r * t.q.stride + d), n);
+    let k = load_n(s, t.k.p.add(r * t.k.stride + d), n);
+    let (qf, kf) = (s.mul(q, f), s.mul(k, f));
+    let at = r * t.dim + d;
+    store_n(s, t.qf.add(at), n, qf);
+    store_n(s, t.kf.add(at), n, kf);
+    store_n(s, t.kb.add(at), n, s.mul(k, s.div(s.splat(1.0), f)));
+    store_n(
+        s,
+        t.qd.add(at),
+        n,
+        s.mul(s.mul(s.splat(t.scale), first), qf),
+    );
+    store_n(s, t.kd.add(at), n, s.mul(first, kf));
+    s.mul_add(out, out, spill)
+}
+
 /// A function applied lane by lane ([`map_in_place`]). A trait rather than a closure: a
 /// closure is not compiled with the entry point's target features, so the intrinsics inside
 /// it would not inline.
@@ -1435,6 +1561,10 @@ macro_rules! instantiate {
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn gemm_acc(m: usize, n: usize, g: &k::Gemm) {
             k::gemm_acc($token, m, n, g)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn tame_rows(t: &k::Tame) -> bool {
+            k::tame_rows($token, t)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn transpose(

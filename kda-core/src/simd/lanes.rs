@@ -45,6 +45,10 @@ impl<const N: usize> Simd for Lanes<N> {
         Self::zip(a, b, |a, b| a + b)
     }
     #[inline(always)]
+    fn sub(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
+        Self::zip(a, b, |a, b| a - b)
+    }
+    #[inline(always)]
     fn mul(self, a: [f32; N], b: [f32; N]) -> [f32; N] {
         Self::zip(a, b, |a, b| a * b)
     }

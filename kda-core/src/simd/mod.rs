@@ -815,6 +815,105 @@ pub fn gemm(
     Ok(())
 }
 
+/// The inputs of [`tame_rows`]: `rows` rows of `dim` of `q`, `k` and the log-decays `g`,
+/// each with its row stride.
+#[derive(Clone, Copy, Debug)]
+pub struct TameIn<'a> {
+    /// Queries.
+    pub q: (&'a [f32], usize),
+    /// Keys.
+    pub k: (&'a [f32], usize),
+    /// Log-decays.
+    pub g: (&'a [f32], usize),
+    /// Rows (tokens), at least 1.
+    pub rows: usize,
+    /// Elements per row, at least 1.
+    pub dim: usize,
+    /// The query scale.
+    pub scale: f32,
+    /// The largest `|b_r − b_0|` of a tame chunk.
+    pub limit: f32,
+}
+
+/// The outputs of [`tame_rows`]: `[rows, dim]` row-major but `first` and `last` (`[dim]`).
+#[derive(Debug)]
+pub struct TameOut<'a> {
+    /// `q ⊙ e^{b_r − b_0}`.
+    pub qf: &'a mut [f32],
+    /// `k ⊙ e^{b_r − b_0}`.
+    pub kf: &'a mut [f32],
+    /// `k ⊙ (1 / e^{b_r − b_0})`.
+    pub kb: &'a mut [f32],
+    /// `(scale · e^{b_0}) ⊙ qf`.
+    pub qd: &'a mut [f32],
+    /// `e^{b_0} ⊙ kf`.
+    pub kd: &'a mut [f32],
+    /// `e^{b_0}` (`b_0 = g_0`).
+    pub first: &'a mut [f32],
+    /// The last row's `e^{b_r − b_0}`.
+    pub last: &'a mut [f32],
+    /// `[dim]` the last row's `b_r`, high part.
+    pub hi: &'a mut [f32],
+    /// `[dim]` the last row's `b_r`, low part (TwoSum-compensated).
+    pub lo: &'a mut [f32],
+}
+
+/// A tame chunk's row factors in one pass: `b_r` is the TwoSum-compensated running sum of `g`
+/// over the rows (`b_0 = g_0`), and each output is as its field says, every product rounded
+/// once in the order written there. Returns `Ok(false)` if some `|b_r − b_0|` exceeds `limit`
+/// or is NaN (the outputs are then partly written). The vector paths give the reference's bits
+/// but for their `exp`. A slice too short for the shape (a bug) is an
+/// [`KdaError::Internal`] error, with nothing computed.
+pub fn tame_rows(
+    isa: impl Into<Path>,
+    i: &TameIn<'_>,
+    o: &mut TameOut<'_>,
+) -> Result<bool, KdaError> {
+    let (l, kd) = (i.rows, i.dim);
+    let area = l.checked_mul(kd);
+    let rows_fit = |(x, ld): (&[f32], usize)| fits(x.len(), l, ld, kd);
+    let ok = l > 0
+        && kd > 0
+        && rows_fit(i.q)
+        && rows_fit(i.k)
+        && rows_fit(i.g)
+        && [&o.qf, &o.kf, &o.kb, &o.qd, &o.kd]
+            .iter()
+            .all(|x| area.is_some_and(|a| x.len() >= a))
+        && [&o.first, &o.last, &o.hi, &o.lo]
+            .iter()
+            .all(|x| x.len() >= kd);
+    if !ok {
+        return Err(KdaError::Internal {
+            what: "simd::tame_rows arguments",
+        });
+    }
+    let src = |(x, stride): (&[f32], usize)| kernels::Src {
+        p: x.as_ptr(),
+        stride,
+    };
+    let t = kernels::Tame {
+        q: src(i.q),
+        k: src(i.k),
+        g: src(i.g),
+        rows: l,
+        dim: kd,
+        scale: i.scale,
+        limit: i.limit,
+        qf: o.qf.as_mut_ptr(),
+        kf: o.kf.as_mut_ptr(),
+        kb: o.kb.as_mut_ptr(),
+        qd: o.qd.as_mut_ptr(),
+        kd: o.kd.as_mut_ptr(),
+        first: o.first.as_mut_ptr(),
+        last: o.last.as_mut_ptr(),
+        hi: o.hi.as_mut_ptr(),
+        lo: o.lo.as_mut_ptr(),
+    };
+    let _ = &t; // read only by the vector arms (none on targets without a vector ISA)
+    Ok(dispatch!(isa, tame_rows(&t), portable::tame_rows(i, o)))
+}
+
 /// `dst[c·ldd + r] = src[r·lds + c]` for an `rows × cols` block (out-of-place transpose).
 /// A slice too short for the shape (a bug) is an [`KdaError::Internal`] error, with nothing
 /// done.
@@ -1052,6 +1151,7 @@ mod tests {
                 let b = s.add(a, s.splat(-3.0));
                 put(b, &mut out);
                 put(s.mul(a, b), &mut out);
+                put(s.sub(b, a), &mut out);
                 put(s.clamp(a, -88.0, 88.0), &mut out);
                 put(s.round(s.clamp(a, -88.0, 88.0)), &mut out);
                 put(s.zero_below(a, -87.5, b), &mut out);
@@ -1591,6 +1691,93 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `tame_rows` on every path: the reference's bits given the path's `exp` (every other
+    /// operation is the same, in the same order), over shapes with column tails, strided
+    /// inputs and one row; a spread past the limit, or a NaN, makes the chunk not tame.
+    #[test]
+    fn tame_rows_match_the_reference_bitwise() {
+        struct Outs([Vec<f32>; 9]);
+        impl Outs {
+            fn new(l: usize, kd: usize) -> Self {
+                Outs(core::array::from_fn(
+                    |j| std::vec![f32::NAN; if j < 5 { l * kd } else { kd }],
+                ))
+            }
+            fn view(&mut self) -> TameOut<'_> {
+                let [qf, kf, kb, qd, kd, first, last, hi, lo] = &mut self.0;
+                TameOut {
+                    qf,
+                    kf,
+                    kb,
+                    qd,
+                    kd,
+                    first,
+                    last,
+                    hi,
+                    lo,
+                }
+            }
+        }
+        let bits = |o: &Outs| -> Vec<u32> { o.0.iter().flatten().map(|v| v.to_bits()).collect() };
+        for path in test_paths() {
+            let path_exp = |x: f32| {
+                let mut e = [x];
+                exp_in_place(path, &mut e);
+                e[0]
+            };
+            for &(l, kd) in &[
+                (1usize, 1usize),
+                (3, 5),
+                (7, 33),
+                (16, 17),
+                (16, 64),
+                (16, 128),
+            ] {
+                let ld = kd + 3;
+                let (q, k) = (rnd(l * ld, 31), rnd(l * ld, 32));
+                let mut g: Vec<f32> = rnd(l * ld, 33).iter().map(|u| -0.3 * (1.5 + u)).collect();
+                for (spill, want) in [(0.0f32, true), (-90.0, false), (f32::NAN, false)] {
+                    if spill != 0.0 {
+                        g[(l - 1) * ld + kd - 1] = spill;
+                    }
+                    let i = TameIn {
+                        q: (&q, ld),
+                        k: (&k, ld),
+                        g: (&g, ld),
+                        rows: l,
+                        dim: kd,
+                        scale: 0.125,
+                        limit: 80.0,
+                    };
+                    let (mut got, mut exp_ref) = (Outs::new(l, kd), Outs::new(l, kd));
+                    let tame = tame_rows(path, &i, &mut got.view()).unwrap();
+                    let tame_ref = portable::tame_rows_with(&i, &mut exp_ref.view(), path_exp);
+                    // One row has no spread: its chunk is always tame.
+                    let want = want || l == 1 && !spill.is_nan();
+                    assert_eq!(
+                        (tame, tame_ref),
+                        (want, want),
+                        "{path:?} {l}x{kd} g={spill}"
+                    );
+                    if want {
+                        assert_eq!(bits(&got), bits(&exp_ref), "{path:?} {l}x{kd}");
+                    }
+                }
+            }
+        }
+        let short = TameIn {
+            q: (&[0.0; 3], 3),
+            k: (&[0.0; 3], 3),
+            g: (&[0.0; 2], 3),
+            rows: 1,
+            dim: 3,
+            scale: 1.0,
+            limit: 80.0,
+        };
+        let mut o = Outs::new(1, 3);
+        assert!(tame_rows(Isa::detect(), &short, &mut o.view()).is_err());
     }
 
     /// Every row count from 1 to 40 (the 12-, 6- and merged 4/5-row splits): the whole GEMM

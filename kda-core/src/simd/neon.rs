@@ -45,6 +45,10 @@ impl Simd for Neon {
         unsafe { vaddq_f32(a, b) }
     }
     #[inline(always)]
+    fn sub(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        unsafe { vsubq_f32(a, b) }
+    }
+    #[inline(always)]
     fn mul(self, a: float32x4_t, b: float32x4_t) -> float32x4_t {
         unsafe { vmulq_f32(a, b) }
     }

@@ -297,3 +297,53 @@ pub(super) fn round_pairs_row(x: &[f32], out: &mut [u32]) {
         *o = super::vector::round_pair(x[2 * j], hi);
     }
 }
+
+/// The reference of [`super::tame_rows`]: `libm`'s `exp`.
+pub(super) fn tame_rows(i: &super::TameIn<'_>, o: &mut super::TameOut<'_>) -> bool {
+    tame_rows_with(i, o, libm::expf)
+}
+
+/// [`tame_rows`] with the given `exp`: column by column, the rows inner (the tests pass a
+/// vector path's `exp`, which makes it that path's bits).
+pub(super) fn tame_rows_with(
+    i: &super::TameIn<'_>,
+    o: &mut super::TameOut<'_>,
+    exp: impl Fn(f32) -> f32,
+) -> bool {
+    let (l, kd) = (i.rows, i.dim);
+    let (q, k, g) = (i.q, i.k, i.g);
+    let mut tame = true;
+    for d in 0..kd {
+        let g0 = g.0[d];
+        let first = exp(g0);
+        o.first[d] = first;
+        let scaled_first = i.scale * first;
+        let (mut hi, mut lo, mut f) = (g0, 0.0f32, 1.0f32);
+        for r in 0..l {
+            if r > 0 {
+                let x = g.0[r * g.1 + d];
+                let sum = hi + x;
+                let bp = sum - hi;
+                let err = (hi - (sum - bp)) + (x - bp);
+                hi = sum;
+                lo += err;
+            }
+            let diff = (hi - g0) + lo;
+            // A NaN fails too.
+            tame &= diff.abs() <= i.limit;
+            f = exp(diff);
+            let (qv, kv) = (q.0[r * q.1 + d], k.0[r * k.1 + d]);
+            let (qf, kf) = (qv * f, kv * f);
+            let at = r * kd + d;
+            o.qf[at] = qf;
+            o.kf[at] = kf;
+            o.kb[at] = kv * (1.0 / f);
+            o.qd[at] = scaled_first * qf;
+            o.kd[at] = first * kf;
+        }
+        o.last[d] = f;
+        o.hi[d] = hi;
+        o.lo[d] = lo;
+    }
+    tame
+}

@@ -50,6 +50,8 @@ pub(crate) trait Simd: Copy {
     fn splat(self, x: f32) -> Self::F;
     /// `a + b`.
     fn add(self, a: Self::F, b: Self::F) -> Self::F;
+    /// `a − b`.
+    fn sub(self, a: Self::F, b: Self::F) -> Self::F;
     /// `a · b`.
     fn mul(self, a: Self::F, b: Self::F) -> Self::F;
     /// `a / b` (correctly rounded on every path).
