@@ -590,7 +590,8 @@ fn one_chunk_body(
     update_state(isa, inp, state, sc)
 }
 
-/// Step 1: compensated chunk-local cumulative sums `b` of the log-decay (TwoSum per step).
+/// Step 1 of a chunk that is not tame: compensated chunk-local cumulative sums `b` of the
+/// log-decay (TwoSum per step; a tame chunk's [`tame_factors`] keeps them per row instead).
 #[inline(always)]
 fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
     let (kd, l) = (inp.kd, inp.l);
@@ -620,7 +621,9 @@ fn cumulative_decay(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) {
 /// Step 2 of a tame chunk, one whose every `|b_r − b_0|` is ≤ [`MAX_SPREAD`] (its decay spread,
 /// with gates ≤ 0); returns whether the chunk is tame (if not, nothing it wrote is used). In a
 /// tame chunk every factor `e^{b_i − b_j}` is the product `e^{b_i − b_0} · e^{b_0 − b_j}` of two
-/// normal f32s, so one exponent row and its reciprocal per row, and `e^{b_0}`, give them all. Per row: `qf = q ⊙ e^{b − b_0}`, `kf = k ⊙ e^{b − b_0}`,
+/// normal f32s, so one exponent row and its reciprocal per row, and `e^{b_0}`, give them all,
+/// in one pass over the inputs ([`simd::tame_rows`], with the running sums `b`). Per row:
+/// `qf = q ⊙ e^{b − b_0}`, `kf = k ⊙ e^{b − b_0}`,
 /// `kb = k ⊙ e^{b_0 − b}` (in `k_to_end`); the decayed queries and keys are
 /// `e^{b_0} ⊙ qf` (scaled) and `e^{b_0} ⊙ kf`; the keys to the chunk end `e^{b_{l−1} − b_0} ⊙ kb`
 /// (kept transposed); and [`tame_matrices`] builds `A` as `qf·kbᵀ`, `kf·kbᵀ`.
