@@ -282,27 +282,12 @@ pub(crate) struct Tame {
     pub lo: *mut f32,
 }
 
-/// `n ≤ LANES` values at `p` (the rest of the vector 0).
-#[inline(always)]
-unsafe fn load_n<S: Simd>(s: S, p: *const f32, n: usize) -> S::F {
-    if n == S::LANES {
-        s.load(p)
-    } else {
-        s.load_partial(p, n)
-    }
-}
-
-/// The first `n ≤ LANES` lanes of `v` at `p`.
-#[inline(always)]
-unsafe fn store_n<S: Simd>(s: S, p: *mut f32, n: usize, v: S::F) {
-    if n == S::LANES {
-        s.store(p, v)
-    } else {
-        s.store_partial(p, n, v)
-    }
-}
-
+/// Rows ahead whose inputs [`tame_rows`] prefetches (into L1: the hardware prefetchers do not
+/// follow rows a page or more apart).
 const AHEAD: usize = 2;
+
+/// f32 per 64-byte cache line: one prefetch each.
+const LINE_F32: usize = 16;
 
 /// A tame chunk's row factors in one pass over its inputs, row by row (the running sums of
 /// the row before in `hi`, `lo`). Returns whether every `|b_r − b_0|` is at most `limit` (a
@@ -314,7 +299,7 @@ pub(crate) unsafe fn tame_rows<S: Simd>(s: S, t: &Tame) -> bool {
         if r + AHEAD < t.rows {
             for src in [t.q, t.k, t.g] {
                 let row = src.p.add((r + AHEAD) * src.stride);
-                for c in (0..t.dim).step_by(16) {
+                for c in (0..t.dim).step_by(LINE_F32) {
                     s.prefetch(row.add(c));
                 }
             }
@@ -340,43 +325,43 @@ unsafe fn tame_vector<S: Simd>(
     (r, d, n): (usize, usize, usize),
     spill: S::F,
 ) -> S::F {
-    let g0 = load_n(s, t.g.p.add(d), n);
-    let (hi, lo) = if r == 0 {
-        store_n(s, t.first.add(d), n, s.exp(g0));
-        (g0, s.splat(0.0))
+    let g0 = load_upto(s, t.g.p.add(d), n);
+    let (hi, lo, first) = if r == 0 {
+        let first = s.exp(g0);
+        store_upto(s, t.first.add(d), n, first);
+        (g0, s.splat(0.0), first)
     } else {
         // TwoSum: `hi + lo` is the compensated running sum.
-        let x = load_n(s, t.g.p.add(r * t.g.stride + d), n);
-        let (hi, lo) = (load_n(s, t.hi.add(d), n), load_n(s, t.lo.add(d), n));
+        let x = load_upto(s, t.g.p.add(r * t.g.stride + d), n);
+        let (hi, lo) = (load_upto(s, t.hi.add(d), n), load_upto(s, t.lo.add(d), n));
         let sum = s.add(hi, x);
         let bp = s.sub(sum, hi);
         let err = s.add(s.sub(hi, s.sub(sum, bp)), s.sub(x, bp));
-        (sum, s.add(lo, err))
+        (sum, s.add(lo, err), load_upto(s, t.first.add(d), n))
     };
-    store_n(s, t.hi.add(d), n, hi);
-    store_n(s, t.lo.add(d), n, lo);
+    store_upto(s, t.hi.add(d), n, hi);
+    store_upto(s, t.lo.add(d), n, lo);
     // b_r − b_0 (b_0's low part is 0).
     let diff = s.add(s.sub(hi, g0), lo);
     let out = s.sub(diff, s.clamp(diff, -t.limit, t.limit));
     let f = s.exp(diff);
     if r + 1 == t.rows {
-        store_n(s, t.last.add(d), n, f);
+        store_upto(s, t.last.add(d), n, f);
     }
-    let first = load_n(s, t.first.add(d), n);
-    let q = load_n(s, t.q.p.add(r * t.q.stride + d), n);
-    let k = load_n(s, t.k.p.add(r * t.k.stride + d), n);
+    let q = load_upto(s, t.q.p.add(r * t.q.stride + d), n);
+    let k = load_upto(s, t.k.p.add(r * t.k.stride + d), n);
     let (qf, kf) = (s.mul(q, f), s.mul(k, f));
     let at = r * t.dim + d;
-    store_n(s, t.qf.add(at), n, qf);
-    store_n(s, t.kf.add(at), n, kf);
-    store_n(s, t.kb.add(at), n, s.mul(k, s.div(s.splat(1.0), f)));
-    store_n(
+    store_upto(s, t.qf.add(at), n, qf);
+    store_upto(s, t.kf.add(at), n, kf);
+    store_upto(s, t.kb.add(at), n, s.mul(k, s.div(s.splat(1.0), f)));
+    store_upto(
         s,
         t.qd.add(at),
         n,
         s.mul(s.mul(s.splat(t.scale), first), qf),
     );
-    store_n(s, t.kd.add(at), n, s.mul(first, kf));
+    store_upto(s, t.kd.add(at), n, s.mul(first, kf));
     s.mul_add(out, out, spill)
 }
 
