@@ -50,9 +50,10 @@ pub fn l2_norm(x: &mut [f32], dim: usize) -> CoreResult<()> {
     norm::l2_norm(x, dim, L2_EPS).map_err(msg)
 }
 
-/// The decay gate in place over `[T, K]` rows of one head: `a_log` is that head's `[1]`,
-/// `dt_bias` its `[K]`.
+/// The decay gate in place over `[T, K]` rows of one head, on path `isa`: `a_log` is that
+/// head's `[1]`, `dt_bias` its `[K]`.
 pub fn decay_gate(
+    isa: Isa,
     raw: &mut [f32],
     form: GateForm,
     a_log: Option<&[f32]>,
@@ -63,20 +64,13 @@ pub fn decay_gate(
         GateForm::Softplus => DecayGate::Softplus,
         GateForm::LowerBound(lb) => DecayGate::LowerBound(lb),
     };
-    gate::decay_gate(
-        raw,
-        form,
-        a_log.map(Data::F32),
-        dt_bias.map(Data::F32),
-        1,
-        head_dim,
-    )
-    .map_err(msg)
+    let arrays = (a_log.map(Data::F32), dt_bias.map(Data::F32));
+    gate::decay_gate_on(isa, raw, form, arrays, (1, head_dim)).map_err(msg)
 }
 
-/// `β ← sigmoid(β)` in place.
-pub fn beta_sigmoid(beta: &mut [f32]) {
-    gate::beta_sigmoid(beta)
+/// `β ← sigmoid(β)` in place, on path `isa`.
+pub fn beta_sigmoid(isa: Isa, beta: &mut [f32]) {
+    gate::beta_sigmoid_on(isa, beta)
 }
 
 /// One head of one sequence, the inputs of the per-head kernels: `q`, `k`, `g` `[T, K]`,
@@ -122,15 +116,21 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
     chunked::chunked_scratch_len(chunk, k, v)
 }
 
-/// The token-by-token recurrence over one head of one sequence; `scratch`: at least
-/// [`recurrent_scratch_len`] elements.
+/// The token-by-token recurrence over one head of one sequence, from `initial` `[K, V]`
+/// (left as it was; `t.state`'s content is then not read) or, with `None`, from `t.state`;
+/// `scratch`: at least [`recurrent_scratch_len`] elements.
 pub fn recurrent_head(
     isa: Isa,
     t: HeadTask<'_>,
     scale: f32,
+    initial: Option<&[f32]>,
     scratch: &mut [f32],
 ) -> CoreResult<()> {
-    recurrent::recurrent_head(isa, t.rows(scale), scratch).map_err(msg)
+    match initial {
+        Some(s0) => recurrent::recurrent_head_from(isa, t.rows(scale), s0, scratch),
+        None => recurrent::recurrent_head(isa, t.rows(scale), scratch),
+    }
+    .map_err(msg)
 }
 
 /// The chunked (WY) form over one head of one sequence, chunks of `chunk` tokens from the

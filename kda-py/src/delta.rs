@@ -276,12 +276,12 @@ impl Block {
         if let Some(form) = f.gate {
             let a = x.a_log.map(|a| &a[hv..hv + 1]);
             let b = x.dt_bias.map(|b| &b[hv * d.k..(hv + 1) * d.k]);
-            core_api::decay_gate(g, form, a, b, d.k)?;
+            core_api::decay_gate(c.isa, g, form, a, b, d.k)?;
         }
         let beta = &mut self.beta[..rows];
         gather_into(beta, x.beta, (t0, t1), d.v_heads, hv);
         if let Some(factor) = f.beta_sigmoid {
-            core_api::beta_sigmoid(beta);
+            core_api::beta_sigmoid(c.isa, beta);
             beta.iter_mut().for_each(|b| *b *= factor);
         }
         gather_into(&mut self.v_o[..rows * d.v], x.v, (t0, t1), d.v_heads, hv);
@@ -321,17 +321,19 @@ impl RowSink for Vec<&mut [f32]> {
 /// Writes task `(n, hv)`'s initial state, K-first, into `state` `[K, V]`.
 fn initial_state(c: &Ctx<'_, '_>, n: usize, hv: usize, state: &mut [f32]) {
     let (d, kv) = (c.d, c.d.k * c.d.v);
-    match c.x.initial_state {
-        Some(s) => {
-            let s = &s[(n * d.v_heads + hv) * kv..][..kv];
-            if c.f.v_first {
-                transpose_into(s, d.v, d.k, state);
-            } else {
-                state.copy_from_slice(s);
-            }
-        }
-        None => state.fill(0.0),
+    match (c.x.initial_state, k_first_initial(c, n, hv)) {
+        (_, Some(s)) => state.copy_from_slice(s),
+        (Some(s), None) => transpose_into(&s[(n * d.v_heads + hv) * kv..][..kv], d.v, d.k, state),
+        (None, _) => state.fill(0.0),
     }
+}
+
+/// Task `(n, hv)`'s initial state when the caller gave one K-first (so it can be read in
+/// place).
+fn k_first_initial<'a>(c: &Ctx<'_, 'a>, n: usize, hv: usize) -> Option<&'a [f32]> {
+    let kv = c.d.k * c.d.v;
+    let s = c.x.initial_state.filter(|_| !c.f.v_first)?;
+    Some(&s[(n * c.d.v_heads + hv) * kv..][..kv])
 }
 
 /// The input rows `[q, k, g, beta, v]` of value head `hv` from token `t0` on, in place.
@@ -414,7 +416,15 @@ fn run_blocks(
     }
     let (t0, t1) = (c.x.cu_seqlens[n], c.x.cu_seqlens[n + 1]);
     let h = hv / (d.v_heads / d.heads);
-    initial_state(c, n, hv, state);
+    // The recurrence's first token reads a K-first initial state in place (no copy of it
+    // into `state` first: a decode step's state is read once instead of twice).
+    let mut initial = match (f.chunk, k_first_initial(c, n, hv)) {
+        (None, Some(s0)) if t0 < t1 => Some(s0),
+        _ => {
+            initial_state(c, n, hv, state);
+            None
+        }
+    };
     let mut b0 = t0;
     while b0 < t1 {
         let b1 = (b0 + block_len(f)).min(t1);
@@ -430,7 +440,7 @@ fn run_blocks(
         };
         match f.chunk {
             Some(ch) => core_api::chunked_head(c.isa, t, f.scale, ch, scratch)?,
-            None => core_api::recurrent_head(c.isa, t, f.scale, scratch)?,
+            None => core_api::recurrent_head(c.isa, t, f.scale, initial.take(), scratch)?,
         }
         for (j, row) in v_o.chunks_exact(d.v).enumerate() {
             sink.row(b0 - t0 + j).copy_from_slice(row);
@@ -802,7 +812,7 @@ mod tests {
                         }
                         None => {
                             let mut scr = vec![0.0; core_api::recurrent_scratch_len(kd, vd)];
-                            core_api::recurrent_head(isa, t, 0.25, &mut scr).unwrap()
+                            core_api::recurrent_head(isa, t, 0.25, None, &mut scr).unwrap()
                         }
                     }
                     for (r, row) in vo.chunks_exact(vd).enumerate() {

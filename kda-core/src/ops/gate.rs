@@ -11,7 +11,9 @@ use crate::weights::Data;
 /// `raw` is `[T, H, K]`; `a_log` is `[H]`, `dt_bias` `[H·K]` (both optional, but the softplus
 /// form needs `a_log`). With `x = raw + dt_bias`:
 /// softplus form `g = −exp(A_log)·softplus(x)`; lower-bound form `g = lb·sigmoid(exp(A_log)·x)`
-/// (or `lb·sigmoid(x)` without `A_log`).
+/// (or `lb·sigmoid(x)` without `A_log`). On the portable path: `libm`'s numbers, those of
+/// [`crate::math::softplus`] / [`crate::math::sigmoid`] (see [`decay_gate_on`] for the vector
+/// paths).
 pub fn decay_gate(
     raw: &mut [f32],
     form: DecayGate,
@@ -19,6 +21,24 @@ pub fn decay_gate(
     dt_bias: Option<Data<'_>>,
     heads: usize,
     head_dim: usize,
+) -> Result<(), KdaError> {
+    decay_gate_on(
+        Isa::Portable,
+        raw,
+        form,
+        (a_log, dt_bias),
+        (heads, head_dim),
+    )
+}
+
+/// [`decay_gate`] on path `isa` (the vector paths' `exp` and logarithm are a few ulp from
+/// `libm`'s, as in the layer): `(a_log, dt_bias)` and `(heads, head_dim)` as there.
+pub fn decay_gate_on(
+    isa: Isa,
+    raw: &mut [f32],
+    form: DecayGate,
+    (a_log, dt_bias): (Option<Data<'_>>, Option<Data<'_>>),
+    (heads, head_dim): (usize, usize),
 ) -> Result<(), KdaError> {
     let d = heads
         .checked_mul(head_dim)
@@ -45,7 +65,7 @@ pub fn decay_gate(
     for row in raw.chunks_exact_mut(d) {
         for (h, run) in row.chunks_exact_mut(head_dim).enumerate() {
             let a = a_log.map(|a| exp(a.at(h)));
-            decay_run(Isa::Portable, form, (a, dt_bias), h * head_dim, run);
+            decay_run(isa, form, (a, dt_bias), h * head_dim, run);
         }
     }
     Ok(())
@@ -100,11 +120,16 @@ fn add_bias(x: &mut [f32], bias: Option<Data<'_>>, first: usize) {
     }
 }
 
-/// `β = sigmoid(logit)`, in place.
+/// `β = sigmoid(logit)`, in place (`libm`'s numbers, as [`crate::math::sigmoid`]).
 pub fn beta_sigmoid(logits: &mut [f32]) {
     for b in logits {
         *b = sigmoid(*b);
     }
+}
+
+/// [`beta_sigmoid`] on path `isa` (the vector paths' `exp`).
+pub fn beta_sigmoid_on(isa: Isa, logits: &mut [f32]) {
+    simd::sigmoid_scaled(isa, logits, 1.0);
 }
 
 #[cfg(test)]
@@ -150,6 +175,51 @@ mod tests {
             let want = -5.0 / (1.0 + (-z).exp());
             assert!((g[i] as f64 - want).abs() < 1e-6);
             assert!(g[i] <= 0.0 && g[i] >= -5.0);
+        }
+    }
+
+    /// `decay_gate_on` / `beta_sigmoid_on` on every path this CPU has: the portable path gives
+    /// `decay_gate` / `beta_sigmoid`'s bits, the vector paths the same within a few ulp (their
+    /// `exp` and logarithm), over both forms, with and without bias, and raw values from −30
+    /// to 30 (both branches of softplus, sigmoid saturating).
+    #[test]
+    fn every_path_matches_the_libm_gate() {
+        let (heads, dim) = (3usize, 37usize);
+        let raw: std::vec::Vec<f32> = (0..2 * heads * dim)
+            .map(|i| ((i * 7919) % 601) as f32 * 0.1 - 30.0)
+            .collect();
+        let a = [0.5f32, -1.0, 1.5];
+        let b: std::vec::Vec<f32> = (0..heads * dim)
+            .map(|i| (i % 5) as f32 * 0.3 - 0.6)
+            .collect();
+        let forms = [DecayGate::Softplus, DecayGate::LowerBound(-5.0)];
+        for isa in Isa::all_supported() {
+            for (form, bias) in forms
+                .iter()
+                .flat_map(|&f| [(f, None), (f, Some(Data::F32(&b)))])
+            {
+                let mut want = raw.clone();
+                decay_gate(&mut want, form, Some(Data::F32(&a)), bias, heads, dim).unwrap();
+                let mut got = raw.clone();
+                let ab = (Some(Data::F32(&a)), bias);
+                decay_gate_on(isa, &mut got, form, ab, (heads, dim)).unwrap();
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    if isa == Isa::Portable {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{isa:?} {form:?} {i}");
+                    } else {
+                        let tol = 4e-6 * w.abs() + 1e-30;
+                        assert!((g - w).abs() <= tol, "{isa:?} {form:?} {i}: {g} vs {w}");
+                    }
+                }
+            }
+            let mut want = raw.clone();
+            beta_sigmoid(&mut want);
+            let mut got = raw.clone();
+            beta_sigmoid_on(isa, &mut got);
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                let tol = if isa == Isa::Portable { 0.0 } else { 4e-6 * w };
+                assert!((g - w).abs() <= tol, "{isa:?} beta {i}: {g} vs {w}");
+            }
         }
     }
 

@@ -58,6 +58,35 @@ pub fn recurrent_scratch_len(k: usize, v: usize) -> usize {
 /// `q`, `k`, `g` `[T, K]`, `v_o` `[T, V]` (values in, outputs out), `beta` `[T]`, `state`
 /// `[K, V]` in/out, `scratch` at least [`recurrent_scratch_len`]`(K, V)`.
 pub fn recurrent_head(isa: Isa, rows: HeadRows<'_>, scratch: &mut [f32]) -> Result<(), KdaError> {
+    run_head(isa, rows, None, scratch)
+}
+
+/// [`recurrent_head`] from the initial state `initial` `[K, V]`, which is left as it was:
+/// `rows.state` receives the final state (what it held is not read). Bitwise the same as
+/// copying `initial` into `rows.state` and calling [`recurrent_head`], without the copy's own
+/// pass over memory (the first token's first pass reads `initial`). With no rows, the final
+/// state is `initial`.
+pub fn recurrent_head_from(
+    isa: Isa,
+    rows: HeadRows<'_>,
+    initial: &[f32],
+    scratch: &mut [f32],
+) -> Result<(), KdaError> {
+    check_len("initial state", initial.len(), rows.state.len())?;
+    if rows.beta.is_empty() {
+        rows.state.copy_from_slice(initial);
+        return Ok(());
+    }
+    run_head(isa, rows, Some(initial), scratch)
+}
+
+/// [`recurrent_head`], the state before the first token read from `initial` when given.
+fn run_head(
+    isa: Isa,
+    rows: HeadRows<'_>,
+    mut initial: Option<&[f32]>,
+    scratch: &mut [f32],
+) -> Result<(), KdaError> {
     let HeadDims {
         t: t_len,
         k: kd,
@@ -95,7 +124,7 @@ pub fn recurrent_head(isa: Isa, rows: HeadRows<'_>, scratch: &mut [f32]) -> Resu
             beta: beta[t],
             scale,
         };
-        fused_step(isa, state, &token, decay, vrow, out);
+        fused_step(isa, (initial.take(), state), &token, decay, vrow, out);
         vrow.copy_from_slice(out);
     }
     Ok(())
@@ -127,7 +156,7 @@ pub(crate) fn replay_step(
         beta: t.beta,
         scale: 1.0,
     };
-    fused_step(isa, state, &token, t.decay, delta, out);
+    fused_step(isa, (None, state), &token, t.decay, delta, out);
 }
 
 /// One token's read-only inputs for one head.
@@ -139,21 +168,28 @@ struct Token<'a> {
 }
 
 /// One token given the decay factors `e^{g}` of each key row (`[K]`): two passes over the
-/// state, each row loaded and stored once per pass. `v` becomes δ; `out` receives `o`.
+/// state, each row loaded and stored once per pass (the first reads `src` instead of `state`
+/// when given). `v` becomes δ; `out` receives `o`.
 #[inline]
 fn fused_step(
     isa: Isa,
-    state: &mut [f32],
+    (src, state): (Option<&[f32]>, &mut [f32]),
     t: &Token<'_>,
     decay: &[f32],
     v: &mut [f32],
     out: &mut [f32],
 ) {
     if v.is_empty() {
+        if let Some(src) = src {
+            state.copy_from_slice(src);
+        }
         return;
     }
     out.fill(0.0);
-    simd::decay_predict_rows(isa, state, t.k, decay, out);
+    match src {
+        Some(src) => simd::decay_predict_rows_from(isa, src, state, t.k, decay, out),
+        None => simd::decay_predict_rows(isa, state, t.k, decay, out),
+    }
     write_and_read(isa, state, t, v, out);
 }
 
@@ -325,5 +361,72 @@ mod tests {
             &mut out,
         );
         assert!(matches!(e, Err(KdaError::Length { arg: "g", .. })));
+    }
+
+    /// `recurrent_head_from` equals copying the initial state and running `recurrent_head`,
+    /// bitwise, on every path this CPU has (K = 37, V = 45 for the column tails; 1 and 5
+    /// tokens; whatever the output buffer held), leaves the initial state alone, hands it
+    /// over unchanged for no tokens and refuses an initial state of the wrong length.
+    #[test]
+    fn run_from_an_initial_state_equals_copy_then_run() {
+        let (kd, vd) = (37usize, 45usize);
+        let mut seed = 11u64;
+        let mut r = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| crate::test_rng::uniform(&mut seed))
+                .collect()
+        };
+        let initial = r(kd * vd);
+        for isa in Isa::all_supported() {
+            for t in [0usize, 1, 5] {
+                let (q, k, v) = (r(t * kd), r(t * kd), r(t * vd));
+                let g: Vec<f32> = r(t * kd).iter().map(|x| -x.abs()).collect();
+                let beta = r(t);
+                let mut scratch = vec![0.0; recurrent_scratch_len(kd, vd)];
+                fn rows<'a>(
+                    (q, k, g, beta): (&'a [f32], &'a [f32], &'a [f32], &'a [f32]),
+                    state: &'a mut [f32],
+                    v_o: &'a mut [f32],
+                ) -> HeadRows<'a> {
+                    HeadRows {
+                        q,
+                        k,
+                        g,
+                        beta,
+                        v_o,
+                        state,
+                        scale: 0.3,
+                    }
+                }
+                let inputs = (&q[..], &k[..], &g[..], &beta[..]);
+                let (mut s1, mut o1) = (initial.clone(), v.clone());
+                recurrent_head(isa, rows(inputs, &mut s1, &mut o1), &mut scratch).unwrap();
+                let (mut s2, mut o2) = (r(kd * vd), v.clone());
+                let from = rows(inputs, &mut s2, &mut o2);
+                recurrent_head_from(isa, from, &initial, &mut scratch).unwrap();
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&s1), bits(&s2), "{isa:?} T={t} state");
+                assert_eq!(bits(&o1), bits(&o2), "{isa:?} T={t} outputs");
+            }
+        }
+        let mut state = vec![0.0; kd * vd];
+        let (mut v, mut scratch) = (vec![0.0; vd], vec![0.0; kd + vd]);
+        let rows = HeadRows {
+            q: &[0.0; 37],
+            k: &[0.0; 37],
+            g: &[0.0; 37],
+            beta: &[0.5],
+            v_o: &mut v,
+            state: &mut state,
+            scale: 1.0,
+        };
+        let e = recurrent_head_from(Isa::Portable, rows, &initial[1..], &mut scratch);
+        assert!(matches!(
+            e,
+            Err(KdaError::Length {
+                arg: "initial state",
+                ..
+            })
+        ));
     }
 }

@@ -93,71 +93,84 @@ unsafe fn write_read<S: Simd>(s: S, row: &mut [f32], k: f32, delta: &[f32], q: f
     }
 }
 
-/// Pass 1 over a state `[K, V]` (`V = p.len()`, `s` a whole number of rows): for each key
-/// row `d`, `s[d] *= decay[d]; p += k[d]·s[d]`. Column blocks of 8 vectors (ISAs with 32
-/// registers) or 4 outer, rows inner,
-/// so the block of `p` stays in registers: every element sees the rows in order, as the row
-/// by row form.
+/// Pass 1 over a state `[K, V]` (`V = p.len()`, `state` a whole number of rows): for each
+/// key row `d`, `state[d] = from[d]·decay[d]; p += k[d]·state[d]`, where `from` is `src` (the
+/// same shape, e.g. an initial state that stays as it was) or, with `None`, `state` itself.
+/// Column blocks of 8 vectors (ISAs with 32 registers) or 4 outer, rows inner, so the block of
+/// `p` stays in registers: every element sees the rows in order, as the row by row form.
 #[inline(always)]
 pub(crate) unsafe fn decay_predict_rows<S: Simd>(
     s: S,
-    state: &mut [f32],
+    (src, state): (Option<&[f32]>, &mut [f32]),
     k: &[f32],
     decay: &[f32],
     p: &mut [f32],
 ) {
     let (l, v) = (S::LANES, p.len());
     let rows = (state.len() / v).min(k.len()).min(decay.len());
+    let dst = state.as_mut_ptr();
+    let io = RowsIo {
+        src: src.map_or(dst as *const f32, |x| x.as_ptr()),
+        dst,
+        v,
+    };
     let mut j = 0;
     if S::REGISTERS >= 32 {
         while j + 8 * l <= v {
-            decay_predict_cols::<S, 8>(s, state, (k, decay), rows, j, p);
+            decay_predict_cols::<S, 8>(s, io, (k, decay), rows, j, p);
             j += 8 * l;
         }
     }
     while j + 4 * l <= v {
-        decay_predict_cols::<S, 4>(s, state, (k, decay), rows, j, p);
+        decay_predict_cols::<S, 4>(s, io, (k, decay), rows, j, p);
         j += 4 * l;
     }
     while j + l <= v {
-        decay_predict_cols::<S, 1>(s, state, (k, decay), rows, j, p);
+        decay_predict_cols::<S, 1>(s, io, (k, decay), rows, j, p);
         j += l;
     }
     if j < v {
         for r in 0..rows {
-            decay_predict(
-                s,
-                &mut state[r * v + j..(r + 1) * v],
-                decay[r],
-                k[r],
-                &mut p[j..],
-            );
+            let row = &mut state[r * v + j..(r + 1) * v];
+            if let Some(src) = src {
+                row.copy_from_slice(&src[r * v + j..(r + 1) * v]);
+            }
+            decay_predict(s, row, decay[r], k[r], &mut p[j..]);
         }
     }
+}
+
+/// Where pass 1 reads its rows (`src`) and writes them (`dst`, possibly the same memory), rows
+/// `v` elements apart.
+#[derive(Clone, Copy)]
+struct RowsIo {
+    src: *const f32,
+    dst: *mut f32,
+    v: usize,
 }
 
 /// Columns `j..j + G·LANES` of pass 1 over the first `rows` rows.
 #[inline(always)]
 unsafe fn decay_predict_cols<S: Simd, const G: usize>(
     s: S,
-    state: &mut [f32],
+    io: RowsIo,
     (k, decay): (&[f32], &[f32]),
     rows: usize,
     j: usize,
     p: &mut [f32],
 ) {
-    let (l, v) = (S::LANES, p.len());
-    let (sp, pp) = (state.as_mut_ptr(), p.as_mut_ptr().add(j));
+    let l = S::LANES;
+    let pp = p.as_mut_ptr().add(j);
     let mut acc = [s.splat(0.0); G];
     for (g, a) in acc.iter_mut().enumerate() {
         *a = s.load(pp.add(g * l));
     }
     for r in 0..rows {
         let (dv, kv) = (s.splat(decay[r]), s.splat(k[r]));
-        let row = sp.add(r * v + j);
+        let (from, to) = (io.src.add(r * io.v + j), io.dst.add(r * io.v + j));
         for (g, acc) in acc.iter_mut().enumerate() {
-            let sv = s.mul(s.load(row.add(g * l)), dv);
-            s.store(row.add(g * l), sv);
+            let sv = s.mul(s.load(from.add(g * l)), dv);
+            s.store(to.add(g * l), sv);
             *acc = s.mul_add(kv, sv, *acc);
         }
     }
@@ -1516,7 +1529,12 @@ macro_rules! instantiate {
             k::decay_predict($token, s, decay, kd, p)
         }
         $(#[target_feature(enable = $features)])?
-        pub(crate) unsafe fn decay_predict_rows(s: &mut [f32], kd: &[f32], decay: &[f32], p: &mut [f32]) {
+        pub(crate) unsafe fn decay_predict_rows(
+            s: (Option<&[f32]>, &mut [f32]),
+            kd: &[f32],
+            decay: &[f32],
+            p: &mut [f32],
+        ) {
             k::decay_predict_rows($token, s, kd, decay, p)
         }
         $(#[target_feature(enable = $features)])?

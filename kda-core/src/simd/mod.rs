@@ -631,8 +631,38 @@ pub fn decay_predict_rows(
     let (s, k, decay) = (&mut s[..rows * p.len()], &k[..rows], &decay[..rows]);
     dispatch!(
         isa,
-        decay_predict_rows(s, k, decay, p),
-        portable::decay_predict_rows(s, k, decay, p)
+        decay_predict_rows((None, s), k, decay, p),
+        portable::decay_predict_rows((None, s), k, decay, p)
+    )
+}
+
+/// [`decay_predict_rows`] reading the state from `src` and writing the decayed rows to `dst`
+/// (`src` is left as it was): `dst[d] = src[d]·decay[d]; p += k[d]·dst[d]`, bitwise the
+/// in-place pass on a copy of `src`, without the copy's own pass over memory. Rows: as many as
+/// `src`, `dst`, `k` and `decay` all hold.
+#[inline]
+pub fn decay_predict_rows_from(
+    isa: impl Into<Path>,
+    src: &[f32],
+    dst: &mut [f32],
+    k: &[f32],
+    decay: &[f32],
+    p: &mut [f32],
+) {
+    if p.is_empty() {
+        return;
+    }
+    let v = p.len();
+    let rows = (src.len() / v)
+        .min(dst.len() / v)
+        .min(k.len())
+        .min(decay.len());
+    let (src, dst) = (&src[..rows * v], &mut dst[..rows * v]);
+    let (k, decay) = (&k[..rows], &decay[..rows]);
+    dispatch!(
+        isa,
+        decay_predict_rows((Some(src), dst), k, decay, p),
+        portable::decay_predict_rows((Some(src), dst), k, decay, p)
     )
 }
 
@@ -955,6 +985,10 @@ mod tests {
     }
 
     /// Whether `path` promises the reference loops' bits (no fused multiply-add).
+    fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     fn exact(path: Path) -> bool {
         matches!(path, Path::Lanes(_))
     }
@@ -985,9 +1019,28 @@ mod tests {
                 let (mut s1, mut p1) = (rnd(3 * n, 8), rnd(n, 9));
                 let (mut s2, mut p2) = (s1.clone(), p1.clone());
                 let (k, decay, q) = (rnd(3, 10), rnd(3, 11), rnd(3, 12));
+                // From a source state into another buffer: bitwise the in-place pass, the
+                // source untouched, whatever the buffer held.
+                let (src, mut s3, mut p3) = (s1.clone(), rnd(3 * n, 13), p1.clone());
+                decay_predict_rows_from(path, &src, &mut s3, &k, &decay, &mut p3);
+                let mut s4 = src.clone();
+                let mut p4 = p1.clone();
+                portable::decay_predict_rows((Some(&src), &mut s4), &k, &decay, &mut p4);
                 decay_predict_rows(path, &mut s1, &k, &decay, &mut p1);
-                portable::decay_predict_rows(&mut s2, &k, &decay, &mut p2);
+                portable::decay_predict_rows((None, &mut s2), &k, &decay, &mut p2);
                 assert!(same(path, &s1, &s2, 1e-6) && same(path, &p1, &p2, 1e-6));
+                assert!(
+                    bits_eq(&s3, &s1) && bits_eq(&p3, &p1),
+                    "{path:?} from n={n}"
+                );
+                assert!(
+                    bits_eq(&s4, &s2) && bits_eq(&p4, &p2),
+                    "reference from n={n}"
+                );
+                assert!(
+                    bits_eq(&src, &rnd(3 * n, 8)),
+                    "{path:?} source changed n={n}"
+                );
                 write_read_rows(path, &mut s1, &k, &x, (&q, 1.3), &mut p1);
                 portable::write_read_rows(&mut s2, &k, &x, (&q, 1.3), &mut p2);
                 assert!(same(path, &s1, &s2, 1e-6) && same(path, &p1, &p2, 1e-6));

@@ -13,9 +13,17 @@ pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-pub(super) fn decay_predict_rows(s: &mut [f32], k: &[f32], decay: &[f32], p: &mut [f32]) {
+pub(super) fn decay_predict_rows(
+    (src, s): (Option<&[f32]>, &mut [f32]),
+    k: &[f32],
+    decay: &[f32],
+    p: &mut [f32],
+) {
     if p.is_empty() {
         return;
+    }
+    if let Some(src) = src {
+        s.copy_from_slice(src);
     }
     for ((row, &kd), &a) in s.chunks_exact_mut(p.len()).zip(k).zip(decay) {
         decay_predict(row, a, kd, p);
