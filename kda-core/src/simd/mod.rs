@@ -624,16 +624,7 @@ pub fn decay_predict_rows(
     decay: &[f32],
     p: &mut [f32],
 ) {
-    if p.is_empty() {
-        return;
-    }
-    let rows = (s.len() / p.len()).min(k.len()).min(decay.len());
-    let (s, k, decay) = (&mut s[..rows * p.len()], &k[..rows], &decay[..rows]);
-    dispatch!(
-        isa,
-        decay_predict_rows((None, s), k, decay, p),
-        portable::decay_predict_rows((None, s), k, decay, p)
-    )
+    decay_predict_rows_io(isa, (None, s), k, decay, p)
 }
 
 /// [`decay_predict_rows`] reading the state from `src` and writing the decayed rows to `dst`
@@ -649,20 +640,30 @@ pub fn decay_predict_rows_from(
     decay: &[f32],
     p: &mut [f32],
 ) {
-    if p.is_empty() {
+    decay_predict_rows_io(isa, (Some(src), dst), k, decay, p)
+}
+
+/// Pass 1 from `src` (or in place) into `s`, over the rows every slice holds.
+#[inline]
+fn decay_predict_rows_io(
+    isa: impl Into<Path>,
+    (src, s): (Option<&[f32]>, &mut [f32]),
+    k: &[f32],
+    decay: &[f32],
+    p: &mut [f32],
+) {
+    let v = p.len();
+    if v == 0 {
         return;
     }
-    let v = p.len();
-    let rows = (src.len() / v)
-        .min(dst.len() / v)
-        .min(k.len())
-        .min(decay.len());
-    let (src, dst) = (&src[..rows * v], &mut dst[..rows * v]);
-    let (k, decay) = (&k[..rows], &decay[..rows]);
+    let rows = (s.len() / v).min(k.len()).min(decay.len());
+    let rows = src.map_or(rows, |x| rows.min(x.len() / v));
+    let (s, k, decay) = (&mut s[..rows * v], &k[..rows], &decay[..rows]);
+    let src = src.map(|x| &x[..rows * v]);
     dispatch!(
         isa,
-        decay_predict_rows((Some(src), dst), k, decay, p),
-        portable::decay_predict_rows((Some(src), dst), k, decay, p)
+        decay_predict_rows((src, s), k, decay, p),
+        portable::decay_predict_rows((src, s), k, decay, p)
     )
 }
 
@@ -984,11 +985,12 @@ mod tests {
         (a - b).abs() <= tol * (1.0 + b.abs())
     }
 
-    /// Whether `path` promises the reference loops' bits (no fused multiply-add).
+    /// Whether `a` and `b` hold the same bits.
     fn bits_eq(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
+    /// Whether `path` promises the reference loops' bits (no fused multiply-add).
     fn exact(path: Path) -> bool {
         matches!(path, Path::Lanes(_))
     }
