@@ -11,6 +11,10 @@
 //!   counted) and, for reads, the best of several read patterns (1/4/8 streams, with and
 //!   without prefetch, the widest loads of the detected ISA, and plain loops), on as many
 //!   threads as the benchmark uses.
+//! * Decode is also compared with passes of that best read pattern run between its steps
+//!   (about 16 in all), step by step and pass by pass: a shared machine's speed moves within
+//!   seconds, so the step times and the limit are taken in the same window of time (median
+//!   step vs median pass, fastest step vs fastest pass).
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -190,27 +194,38 @@ fn best_of_four(f: &mut dyn FnMut()) -> f64 {
         .max(1e-9)
 }
 
-/// Measures memory bandwidth over buffers of `bytes` (best of a few passes), on the current
-/// rayon pool's threads when `parallel`.
-pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<Bandwidth> {
-    let n = (bytes / 4).max(1 << 16);
-    let mut src = crate::error::try_zeroed::<f32>(n, "the bandwidth buffer")?;
-    let mut dst = crate::error::try_zeroed::<f32>(n, "the bandwidth buffer")?;
-    src.fill(1.0);
-    dst.copy_from_slice(&src); // fault every page in
-    let chunk = (n / rayon::current_num_threads().max(1)).max(1 << 14);
-    let copy_s = best_of_four(&mut || {
-        if parallel {
-            dst.par_chunks_mut(chunk)
-                .zip(src.par_chunks(chunk))
-                .for_each(|(d, s)| d.copy_from_slice(s));
-        } else {
-            dst.copy_from_slice(&src);
-        }
-        std::hint::black_box(&mut dst);
-    });
-    let isa = kda_core::Isa::detect();
-    let read_s = |p: ReadPattern| {
+/// A buffer for read passes, kept after [`measure_bandwidth`] so that passes of the best
+/// pattern can run between a kernel's steps (a shared machine's speed moves within seconds:
+/// a kernel and its limit are compared pass by pass, in the same window of time).
+pub struct ReadProbe {
+    src: Vec<f32>,
+    parallel: bool,
+    chunk: usize,
+}
+
+impl ReadProbe {
+    /// A buffer of `bytes` (at least 256 KiB), every page faulted in; passes run on the current
+    /// rayon pool's threads when `parallel`.
+    pub fn new(bytes: usize, parallel: bool) -> Result<Self> {
+        let n = (bytes / 4).max(1 << 16);
+        let mut src = crate::error::try_zeroed::<f32>(n, "the bandwidth buffer")?;
+        src.fill(1.0);
+        let chunk = (n / rayon::current_num_threads().max(1)).max(1 << 14);
+        Ok(ReadProbe {
+            src,
+            parallel,
+            chunk,
+        })
+    }
+
+    /// The bytes one pass reads.
+    pub fn bytes(&self) -> f64 {
+        (self.src.len() * 4) as f64
+    }
+
+    /// The seconds of one pass over the buffer in pattern `p`.
+    pub fn pass(&self, p: ReadPattern) -> f64 {
+        let isa = kda_core::Isa::detect();
         let sum = |s: &[f32]| {
             if p.vector {
                 kda_core::internals::read_sum(isa, s, p.streams, p.prefetch)
@@ -218,26 +233,51 @@ pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<Bandwidth> {
                 plain_streams(bytemuck::cast_slice(s), p.streams) as f32
             }
         };
-        best_of_four(&mut || {
-            let total: f32 = if parallel {
-                src.par_chunks(chunk).map(sum).sum()
-            } else {
-                sum(&src)
-            };
-            std::hint::black_box(total);
-        })
-    };
+        let t = Instant::now();
+        let total: f32 = if self.parallel {
+            self.src.par_chunks(self.chunk).map(sum).sum()
+        } else {
+            sum(&self.src)
+        };
+        std::hint::black_box(total);
+        t.elapsed().as_secs_f64().max(1e-9)
+    }
+}
+
+/// Measures memory bandwidth over buffers of `bytes` (best of a few passes), on the current
+/// rayon pool's threads when `parallel`. Returns the read buffer too, for passes of the best
+/// pattern later in the run ([`ReadProbe::pass`]).
+pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<(Bandwidth, ReadProbe)> {
+    let probe = ReadProbe::new(bytes, parallel)?;
+    let src = &probe.src;
+    let mut dst = crate::error::try_zeroed::<f32>(src.len(), "the bandwidth buffer")?;
+    dst.copy_from_slice(src); // fault every page in
+    let chunk = probe.chunk;
+    let copy_s = best_of_four(&mut || {
+        if parallel {
+            dst.par_chunks_mut(chunk)
+                .zip(src.par_chunks(chunk))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        } else {
+            dst.copy_from_slice(src);
+        }
+        std::hint::black_box(&mut dst);
+    });
+    drop(dst);
     let (read_pattern, best) = READ_PATTERNS
         .iter()
-        .map(|&p| (p, read_s(p)))
+        .map(|&p| (p, (0..4).map(|_| probe.pass(p)).fold(f64::MAX, f64::min)))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap_or((READ_PATTERNS[0], 1.0));
-    let b = (n * 4) as f64;
-    Ok(Bandwidth {
-        copy: 2.0 * b / copy_s / 1e9,
-        read: b / best / 1e9,
-        read_pattern,
-    })
+    let b = probe.bytes();
+    Ok((
+        Bandwidth {
+            copy: 2.0 * b / copy_s / 1e9,
+            read: b / best / 1e9,
+            read_pattern,
+        },
+        probe,
+    ))
 }
 
 /// The single-core f32 FMA peak in GFLOP/s (2 per FMA), best of five ~20 ms runs with the
@@ -372,7 +412,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         "the prefill slice (--batch sequences × up to 256 tokens × hidden)",
     )?;
     let caches = SequenceCaches::try_new(&cfg, opts.batch)?;
-    let bw = measure_bandwidth(256 << 20, opts.threads > 1)?;
+    let (bw, probe) = measure_bandwidth(256 << 20, opts.threads > 1)?;
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
     let base = layer.weights()?;
     let panels = if opts.panels {
@@ -410,8 +450,8 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
             100.0 * gflops / (peak * opts.threads as f64)
         ),
     )?;
-    let (dt, last) = bench.decode()?;
-    report_decode(out, opts, &layer, dt, &bw)?;
+    let (times, last) = bench.decode(&probe, bw.read_pattern)?;
+    report_decode(out, opts, &layer, &times, &bw, probe.bytes())?;
     if !last.iter().all(|v| v.is_finite()) || !sum_sq.is_finite() {
         return Err(HostError::Invalid("bench: non-finite output".into()));
     }
@@ -475,23 +515,52 @@ impl Bench<'_, '_> {
         Ok((elapsed.as_secs_f64().max(1e-9), sum_sq))
     }
 
-    /// Decode: `steps` steps of one token per sequence. Returns the seconds taken (the steps
-    /// alone) and the last outputs.
-    fn decode(&mut self) -> Result<(f64, Vec<f32>)> {
+    /// Decode: `steps` steps of one token per sequence, each timed, with passes of the read
+    /// reference's best pattern over `probe` between them (about 16 in all). Returns the
+    /// times and the last outputs.
+    fn decode(
+        &mut self,
+        probe: &ReadProbe,
+        pattern: ReadPattern,
+    ) -> Result<(DecodeTimes, Vec<f32>)> {
         let (opts, hd) = (self.opts, self.layer.config().hidden);
         let decode = self.layer.with_mode(Mode::Recurrent);
         let mut bar = Progress::new("decode", opts.steps, opts.progress);
         let mut last = Vec::new();
-        let mut elapsed = Duration::ZERO;
-        for _ in 0..opts.steps {
+        let every = opts.steps.div_ceil(INTERLEAVED_PASSES).max(1);
+        let mut times = DecodeTimes::default();
+        for i in 0..opts.steps {
             let x = self.rng.normals(opts.batch * hd, 1.0);
             let t = Instant::now();
             last = self.runner.decode(&decode, &x, &mut self.caches)?;
-            elapsed += t.elapsed();
+            times.steps.push(t.elapsed().as_secs_f64().max(1e-9));
+            if i % every == 0 {
+                times.passes.push(probe.pass(pattern));
+            }
             bar.inc(1);
         }
         bar.finish();
-        Ok((elapsed.as_secs_f64().max(1e-9), last))
+        Ok((times, last))
+    }
+}
+
+/// Passes of the read reference run between decode steps.
+const INTERLEAVED_PASSES: usize = 16;
+
+/// Seconds of each decode step, and of each read pass run between them.
+#[derive(Debug, Default)]
+struct DecodeTimes {
+    steps: Vec<f64>,
+    passes: Vec<f64>,
+}
+
+/// The median and the minimum of `x` (`(0, 0)` if empty).
+fn median_min(x: &[f64]) -> (f64, f64) {
+    let mut v = x.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => (0.0, 0.0),
+        n => (v[n / 2], v[0]),
     }
 }
 
@@ -566,10 +635,12 @@ fn report_decode(
     out: &mut dyn Write,
     opts: &BenchOptions,
     layer: &OwnedLayer,
-    dt: f64,
+    times: &DecodeTimes,
     bw: &Bandwidth,
+    pass_bytes: f64,
 ) -> Result<()> {
     let bytes = decode_bytes_per_step(layer, opts.batch);
+    let dt: f64 = times.steps.iter().sum::<f64>().max(1e-9);
     let gbs = bytes * opts.steps as f64 / dt / 1e9;
     line(
         out,
@@ -582,5 +653,50 @@ fn report_decode(
             100.0 * gbs / bw.read.max(1e-9),
             bytes / 1e6
         ),
+    )?;
+    let ((step_med, step_min), (pass_med, pass_min)) =
+        (median_min(&times.steps), median_min(&times.passes));
+    if step_min <= 0.0 || pass_min <= 0.0 {
+        return Ok(());
+    }
+    let gb = |b: f64, s: f64| b / s / 1e9;
+    line(
+        out,
+        format!(
+            "decode vs read passes interleaved ({} steps, {} passes of the best pattern between them): median step {:.3} ms = {:.2} GB/s, {:.0}% of the median pass ({:.2} GB/s); fastest step {:.2} GB/s, {:.0}% of the fastest pass ({:.2} GB/s)",
+            times.steps.len(),
+            times.passes.len(),
+            1e3 * step_med,
+            gb(bytes, step_med),
+            100.0 * gb(bytes, step_med) / gb(pass_bytes, pass_med),
+            gb(pass_bytes, pass_med),
+            gb(bytes, step_min),
+            100.0 * gb(bytes, step_min) / gb(pass_bytes, pass_min),
+            gb(pass_bytes, pass_min),
+        ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_min_of_steps() {
+        assert_eq!(median_min(&[]), (0.0, 0.0));
+        assert_eq!(median_min(&[3.0]), (3.0, 3.0));
+        assert_eq!(median_min(&[5.0, 1.0, 4.0, 2.0, 3.0]), (3.0, 1.0));
+        // An even count takes the upper middle.
+        assert_eq!(median_min(&[4.0, 1.0, 3.0, 2.0]), (3.0, 1.0));
+    }
+
+    #[test]
+    fn read_probe_passes_every_pattern() {
+        let probe = ReadProbe::new(1 << 20, false).unwrap();
+        assert_eq!(probe.bytes(), (1 << 20) as f64);
+        for p in READ_PATTERNS {
+            let s = probe.pass(p);
+            assert!(s > 0.0 && s < 10.0, "{p:?}: {s} s");
+        }
+    }
 }
