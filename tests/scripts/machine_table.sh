@@ -13,13 +13,15 @@
 #   the torch side by side, so that each ratio is taken within one round. `kda bench` (kda-host):
 #   Kimi Linear prefill T = 1024 at 1 and 2 threads (vs the FMA peak; 1 → 2 threads ≥ 1.8×),
 #   Kimi Linear decode, Kimi K3 decode batch 1 at 1 and 2 threads (vs the read reference,
-#   target ≥ 92 %), Kimi K3 decode batch 16 (GFLOP/s vs peak); on a CPU with avx512_bf16 the
+#   target ≥ 92 %; also step by step against read passes run between the steps, the
+#   "decode vs read passes interleaved" line), Kimi K3 decode batch 16 (GFLOP/s vs peak);
+#   on a CPU with avx512_bf16 the
 #   same prefill and decode cases in the bf16 precision mode (--precision bf16);
 # * with --python PY (a Python that imports torch and fla-core, e.g. kda-py's CI venv under
 #   ~/.cache/kda-py): tests/scripts/bench_torch.py at 1 and 2 threads in every round (the side
 #   by side: prefill ≥ 2× torch's f32 layer, K3 decode ≥ 1.1× torch's bf16 layer), and, once at
 #   the end if PY also imports kda, kda-py/bench/bench_kda.py (chunk_kda vs fla's and
-#   transformers' references; decode overhead).
+#   transformers' references, in rounds; decode overhead).
 #
 # Nothing here is a pass/fail check: it prints the figures (and writes them to FILE, default
 # target/machine-table.log) for the README's table of this machine class. Run it on an idle
