@@ -201,6 +201,7 @@ pub struct ReadProbe {
     src: Vec<f32>,
     parallel: bool,
     chunk: usize,
+    isa: kda_core::Isa,
 }
 
 impl ReadProbe {
@@ -215,6 +216,7 @@ impl ReadProbe {
             src,
             parallel,
             chunk,
+            isa: kda_core::Isa::detect(),
         })
     }
 
@@ -225,10 +227,9 @@ impl ReadProbe {
 
     /// The seconds of one pass over the buffer in pattern `p`.
     pub fn pass(&self, p: ReadPattern) -> f64 {
-        let isa = kda_core::Isa::detect();
         let sum = |s: &[f32]| {
             if p.vector {
-                kda_core::internals::read_sum(isa, s, p.streams, p.prefetch)
+                kda_core::internals::read_sum(self.isa, s, p.streams, p.prefetch)
             } else {
                 plain_streams(bytemuck::cast_slice(s), p.streams) as f32
             }
@@ -266,7 +267,14 @@ pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<(Bandwidth, Rea
     drop(dst);
     let (read_pattern, best) = READ_PATTERNS
         .iter()
-        .map(|&p| (p, (0..4).map(|_| probe.pass(p)).fold(f64::MAX, f64::min)))
+        .map(|&p| {
+            (
+                p,
+                best_of_four(&mut || {
+                    probe.pass(p);
+                }),
+            )
+        })
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap_or((READ_PATTERNS[0], 1.0));
     let b = probe.bytes();
@@ -654,11 +662,11 @@ fn report_decode(
             bytes / 1e6
         ),
     )?;
-    let ((step_med, step_min), (pass_med, pass_min)) =
-        (median_min(&times.steps), median_min(&times.passes));
-    if step_min <= 0.0 || pass_min <= 0.0 {
+    if times.steps.is_empty() || times.passes.is_empty() {
         return Ok(());
     }
+    let ((step_med, step_min), (pass_med, pass_min)) =
+        (median_min(&times.steps), median_min(&times.passes));
     let gb = |b: f64, s: f64| b / s / 1e9;
     line(
         out,
