@@ -6,7 +6,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kda_core::internals::{
-    project_scratch_len, project_tile, project_tile_pairs, round_pairs_row, PROJECT_SCRATCH,
+    project_scratch_len, project_tile, project_tile_pairs, round_pairs_row, DECODE_LD,
+    PROJECT_SCRATCH,
 };
 use kda_core::{bf16, Data, Isa, MatRef};
 
@@ -160,8 +161,8 @@ fn decode(c: &mut Criterion, isa: Isa) {
     let mut pk = vec![bf16::ZERO; kda_core::panels_len(ROWS, COLS).unwrap()];
     kda_core::pack_panels(&m, &mut pk).unwrap();
     let mp = MatRef::new_panels("w", Data::Bf16(&pk), ROWS, COLS).unwrap();
-    // The panel kernel's access pattern (four panels at a time, 32 bytes per panel per step)
-    // with no arithmetic: the read limit for that pattern.
+    // The panel kernel's access pattern (eight panels at a time, 16 steps = 512 bytes of each
+    // in turn) with no arithmetic: the read limit for that pattern.
     g.bench_function("read_panel_pattern", |b| {
         b.iter(|| black_box(read_panels(&pk, COLS)))
     });
@@ -178,18 +179,18 @@ fn decode(c: &mut Criterion, isa: Isa) {
 criterion_group!(benches, bench);
 criterion_main!(benches);
 
-/// One token `x` through `m` in 64-row tiles, as the layer's decode runs them.
+/// One token `x` through `m` in tiles of `DECODE_LD` rows, as the layer's decode runs them.
 fn decode_token(isa: Isa, x: &[f32], m: &MatRef<'_>, out: &mut [f32]) {
     let row = |_: usize| x;
     let mut scratch = [0.0f32; 384];
-    for o0 in (0..m.rows()).step_by(64) {
+    for o0 in (0..m.rows()).step_by(DECODE_LD) {
         project_tile(
             isa,
             &row,
             1,
             m,
             o0,
-            (o0 + 64).min(m.rows()),
+            (o0 + DECODE_LD).min(m.rows()),
             &mut scratch,
             &mut |_, o, v| {
                 out[o..o + v.len()].copy_from_slice(v);
@@ -200,8 +201,8 @@ fn decode_token(isa: Isa, x: &[f32], m: &MatRef<'_>, out: &mut [f32]) {
     }
 }
 
-/// XOR of every 32-byte unit of the panel-layout matrix `pk`, four panels at a time in the
-/// order the decode kernel reads them.
+/// XOR of every 32-byte unit of the panel-layout matrix `pk`, eight panels at a time, 16 steps
+/// of each in turn: the order the decode kernel reads them.
 fn read_panels(pk: &[bf16], cols: usize) -> u64 {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = cols; // only the AVX2 reader walks the panels
@@ -220,13 +221,15 @@ unsafe fn read_panels_avx2(pk: &[bf16], cols: usize) -> u64 {
     use std::arch::x86_64::*;
     let panel = 16 * cols;
     let mut acc = [_mm256_setzero_si256(); 4];
-    for group in pk.chunks(4 * panel) {
+    for group in pk.chunks(8 * panel) {
         let np = group.len() / panel;
         let base = group.as_ptr();
-        for k in 0..cols {
-            for (p, a) in acc.iter_mut().enumerate().take(np) {
-                let v = _mm256_loadu_si256(base.add(p * panel + 16 * k) as *const __m256i);
-                *a = _mm256_xor_si256(*a, v);
+        for k0 in (0..cols).step_by(16) {
+            for p in 0..np {
+                for k in k0..(k0 + 16).min(cols) {
+                    let v = _mm256_loadu_si256(base.add(p * panel + 16 * k) as *const __m256i);
+                    acc[k % 4] = _mm256_xor_si256(acc[k % 4], v);
+                }
             }
         }
     }

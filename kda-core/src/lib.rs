@@ -96,6 +96,7 @@ pub mod internals {
     pub use crate::ops::linear::{
         project_scratch_len, project_tile, project_tile_pairs, PROJECT_SCRATCH,
     };
+    pub use crate::simd::{DECODE_LD, DECODE_PANELS};
 
     /// Rounds `x` to bf16 pairs for [`project_tile_pairs`] (`out`: `x.len().div_ceil(2)`).
     pub fn round_pairs_row(

@@ -142,6 +142,10 @@ pub enum Command {
         /// Decode steps.
         #[arg(long, default_value_t = 32)]
         steps: usize,
+        /// Prefill runs, each from empty caches; the fastest is reported (with the first and
+        /// the median), as the torch side by side takes its best (1 to 100).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+        prefill_runs: u32,
         /// Sequences.
         #[arg(long, default_value_t = 1)]
         batch: usize,

@@ -573,6 +573,11 @@ fn bad_options_and_outputs() {
     kda_err(&["inspect", s(&st.p("nothing"))], &["nothing"]);
     kda_err(&["bench", "--batch", "0"], &["--batch"]);
     kda_err(&["bench", "--preset", "huge"], &["--preset", "huge"]);
+    kda_err(&["bench", "--prefill-runs", "0"], &["--prefill-runs", "0"]);
+    kda_err(
+        &["bench", "--prefill-runs", "101"],
+        &["--prefill-runs", "101"],
+    );
     kda_err(&[], &["command"]);
     kda_err(&["frobnicate"], &["frobnicate"]);
 }

@@ -23,9 +23,13 @@ struct PairsIn<'a> {
     off: usize,
 }
 
-/// Output rows per projection task: 64 lets decode stream four 16-row panels at once
-/// (panel-layout weights) and is a whole number of the kernels' 8-, 16- and 32-row groups.
+/// Output rows per projection task in prefill: a whole number of the kernels' 8-, 16- and
+/// 32-row groups, small enough to balance the workers.
 const TILE: usize = 64;
+
+/// Output rows per projection task in decode: [`crate::simd::DECODE_PANELS`] 16-row panels,
+/// the most the decode kernels stream at once (panel-layout weights).
+const DECODE_TILE: usize = crate::simd::DECODE_LD;
 
 /// How a projection's output element `(t, o)` is laid out.
 #[derive(Clone, Copy)]
@@ -104,7 +108,12 @@ impl Round<'_, '_> {
             Precision::Exact => [None; MAX_PROJS],
             Precision::Bf16 => self.round_inputs(projs, pairs)?,
         };
-        let tiles = |p: &Proj<'_, '_>| p.w.rows().div_ceil(TILE);
+        let tile = if self.tokens <= crate::ops::linear::PROJECT_DIRECT_MAX {
+            DECODE_TILE
+        } else {
+            TILE
+        };
+        let tiles = |p: &Proj<'_, '_>| p.w.rows().div_ceil(tile);
         let total: usize = projs.iter().map(tiles).sum();
         let first_error = FirstError::default();
         exec.run(total, &|task, worker| {
@@ -112,7 +121,7 @@ impl Round<'_, '_> {
             for (p, pin) in projs.iter().zip(rounded) {
                 let n = tiles(p);
                 if t < n {
-                    let rows = t * TILE..((t + 1) * TILE).min(p.w.rows());
+                    let rows = t * tile..((t + 1) * tile).min(p.w.rows());
                     first_error.record(self.tile(p, pin, rows, worker));
                     return;
                 }

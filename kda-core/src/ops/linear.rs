@@ -193,8 +193,8 @@ pub fn project_tile<'x>(
     Ok(())
 }
 
-/// [`project_tile`] for a matrix in the panel layout: decode streams up to four 16-row panels
-/// at once ([`simd::panels_fma`]), prefill runs the GEMM straight from each bf16 panel
+/// [`project_tile`] for a matrix in the panel layout: decode streams up to
+/// [`simd::DECODE_PANELS`] 16-row panels at once ([`simd::panels_fma`]), prefill runs the GEMM straight from each bf16 panel
 /// ([`simd::panel_fma_bf16`]: no packing, no transposes). Same sums, bitwise, as the
 /// row-major paths.
 // The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
@@ -246,12 +246,12 @@ fn project_panels<'x>(
     decode_panels(row, tokens, w, (o0, o1), &mut kernel, store)
 }
 
-/// The panel kernel of a decode tile: `kernel(xs, panels, acc)` fills `acc[t·64 + 16p + r]`
-/// for up to 4 tokens × 4 panels.
+/// The panel kernel of a decode tile: `kernel(xs, panels, acc)` fills
+/// `acc[t·DECODE_LD + 16p + r]` for up to 4 tokens × [`simd::DECODE_PANELS`] panels.
 type PanelKernel<'k, T> = dyn FnMut(&[&[T]], &[&[bf16]], &mut [f32]) -> Result<(), KdaError> + 'k;
 
-/// Rows `o0..o1` of a panel-layout matrix for a few tokens: four panels at a time, token
-/// groups of up to [`DIRECT_MAX`], each group's sums from `kernel`.
+/// Rows `o0..o1` of a panel-layout matrix for a few tokens: [`simd::DECODE_PANELS`] panels at
+/// a time, token groups of up to [`DIRECT_MAX`], each group's sums from `kernel`.
 fn decode_panels<'x, T>(
     row: &dyn Fn(usize) -> &'x [T],
     tokens: usize,
@@ -260,17 +260,18 @@ fn decode_panels<'x, T>(
     kernel: &mut PanelKernel<'_, T>,
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
+    const MOST: usize = simd::DECODE_PANELS;
     let part = |p: usize| panel_part(p, o0, o1);
     let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
-    let mut acc = [0.0f32; 4 * 4 * PANEL];
+    let mut acc = [0.0f32; DIRECT_MAX * simd::DECODE_LD];
     let mut pa = p0;
     while pa < p1 {
-        let pb = (pa + 4).min(p1);
-        let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+        let pb = (pa + MOST).min(p1);
+        let panels: [&[bf16]; MOST] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
         token_groups(row, tokens, &mut |t0, xs| {
             acc.fill(0.0);
             kernel(xs, &panels[..pb - pa], &mut acc)?;
-            for (i, a) in acc.chunks_exact(4 * PANEL).take(xs.len()).enumerate() {
+            for (i, a) in acc.chunks_exact(simd::DECODE_LD).take(xs.len()).enumerate() {
                 for p in pa..pb {
                     let (lo, hi) = part(p);
                     let v = &a[(p - pa) * PANEL..(p - pa + 1) * PANEL];
@@ -289,7 +290,7 @@ fn decode_panels<'x, T>(
 /// matrix is bf16 in the panel layout. Each output is one chain over the pairs in order,
 /// `acc ← acc + x_odd·w_odd + x_even·w_even` (`vdpbf16ps` where the CPU has it,
 /// `simd::pairs_panel_fma`); prefill runs it over panels for blocks of up to 256 tokens,
-/// decode streams four panels at once (`simd::pairs_panels_fma`), with the same chains, so
+/// decode streams up to eight panels at once (`simd::pairs_panels_fma`), with the same chains, so
 /// every value is bitwise the same for any `o0..o1` split, any `tokens` and any scratch size.
 /// Another matrix form is an [`KdaError::Internal`] error (the layer checks it first).
 // The kernel contract of a projection tile, as `project_tile`.

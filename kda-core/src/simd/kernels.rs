@@ -780,21 +780,77 @@ macro_rules! by_tokens {
     };
 }
 
-/// `$block!(MT, P)` for `(tokens, panels)` of the decode kernels: one token takes up to 4
-/// panels at once, two tokens 2, more tokens 1.
+/// `$block!(MT, P)` for `(tokens, panels)` of the decode kernels: `P` a power of two, at most
+/// 8 panels for one or two tokens and 4 for more ([`decode_group`] picks it).
 macro_rules! by_tokens_panels {
     ($tp:expr, $block:ident) => {
         match $tp {
+            (1, 8) => $block!(1, 8),
             (1, 4) => $block!(1, 4),
-            (1, 3) => $block!(1, 3),
             (1, 2) => $block!(1, 2),
             (1, _) => $block!(1, 1),
+            (2, 8) => $block!(2, 8),
+            (2, 4) => $block!(2, 4),
             (2, 2) => $block!(2, 2),
             (2, _) => $block!(2, 1),
+            (3, 4) => $block!(3, 4),
+            (3, 2) => $block!(3, 2),
             (3, _) => $block!(3, 1),
+            (4, 4) => $block!(4, 4),
+            (4, 2) => $block!(4, 2),
             _ => $block!(4, 1),
         }
     };
+}
+
+/// Steps of one panel a decode kernel reads before it moves to the next panel: 16 bf16 rows,
+/// 512 contiguous bytes. On Zen 4, eight panels read this way reach the read limit of eight
+/// far-apart streams; four panels a row (32 bytes) at a time stayed 10–15 % below it.
+const DECODE_BLOCK: usize = 16;
+
+/// Panels a decode kernel streams at once for `tokens` tokens of `remaining` panels: as many
+/// as keep the accumulators within half the registers, at most [`super::DECODE_PANELS`], a
+/// power of two (8 for one token on AVX-512, 4 on AVX2 and NEON).
+#[inline(always)]
+fn decode_group<S: Simd>(tokens: usize, remaining: usize) -> usize {
+    let vp = PANEL / S::LANES;
+    let fit = (S::REGISTERS / 2 / vp / tokens.max(1)).clamp(1, super::DECODE_PANELS);
+    let most = fit.min(remaining).max(1);
+    1 << most.ilog2()
+}
+
+/// The decode accumulators of `MT` tokens × `P` panels, `acc[t·DECODE_LD + 16p + r]`, loaded
+/// into registers (`a[p][t][v]`).
+#[inline(always)]
+unsafe fn decode_acc_load<S: Simd, const MT: usize, const P: usize>(
+    s: S,
+    acc: *const f32,
+) -> [[[S::F; MAX_PER_PANEL]; MT]; P] {
+    let mut a = [[[s.splat(0.0); MAX_PER_PANEL]; MT]; P];
+    for (p, a) in a.iter_mut().enumerate() {
+        for (t, a) in a.iter_mut().enumerate() {
+            for (v, a) in a.iter_mut().enumerate().take(PANEL / S::LANES) {
+                *a = s.load(acc.add(t * super::DECODE_LD + p * PANEL + v * S::LANES));
+            }
+        }
+    }
+    a
+}
+
+/// Stores what [`decode_acc_load`] loaded.
+#[inline(always)]
+unsafe fn decode_acc_store<S: Simd, const MT: usize, const P: usize>(
+    s: S,
+    acc: *mut f32,
+    a: &[[[S::F; MAX_PER_PANEL]; MT]; P],
+) {
+    for (p, a) in a.iter().enumerate() {
+        for (t, a) in a.iter().enumerate() {
+            for (v, a) in a.iter().enumerate().take(PANEL / S::LANES) {
+                s.store(acc.add(t * super::DECODE_LD + p * PANEL + v * S::LANES), *a);
+            }
+        }
+    }
 }
 
 /// Continues `acc[t·16 + r]` over `k0..k1` from a packed panel (f32, or bf16 in the panel
@@ -919,7 +975,8 @@ pub(crate) unsafe fn rows_fma<S: Simd, W: Elem>(
 }
 
 /// `MT` tokens × `P` panels of 16 rows straight from bf16 panel-layout weights (element
-/// `(k, r)` of panel `p` at `pp[p] + 16k + r`); `acc` rows are `4·PANEL` apart per token.
+/// `(k, r)` of panel `p` at `pp[p] + 16k + r`): [`DECODE_BLOCK`] steps of each panel in turn.
+/// Every output's chain runs over `k` in order, so the sums are those of a one-panel loop.
 #[inline(always)]
 unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
     s: S,
@@ -928,69 +985,50 @@ unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
     (k0, k1): (usize, usize),
     acc: *mut f32,
 ) {
-    let vp = PANEL / S::LANES;
-    let at = |t: usize, p: usize, v: usize| t * 4 * PANEL + p * PANEL + v * S::LANES;
-    let mut a = [[[s.splat(0.0); MAX_PER_PANEL]; P]; MT];
-    for (t, a) in a.iter_mut().enumerate() {
-        for (p, a) in a.iter_mut().enumerate() {
-            for (v, a) in a.iter_mut().enumerate().take(vp) {
-                *a = s.load(acc.add(at(t, p, v)));
-            }
+    let mut a = decode_acc_load::<S, MT, P>(s, acc);
+    let mut k = k0;
+    while k < k1 {
+        let kb = (k + DECODE_BLOCK).min(k1);
+        for (pp, a) in pp.iter().zip(a.iter_mut()) {
+            panel_steps(s, &x, *pp, (k, kb), a);
         }
+        k = kb;
     }
+    decode_acc_store(s, acc, &a);
+}
+
+/// Steps `k0..k1` of one bf16 panel for every token of [`panels_block`].
+#[inline(always)]
+unsafe fn panel_steps<S: Simd, const MT: usize>(
+    s: S,
+    x: &[*const f32; MT],
+    panel: *const bf16,
+    (k0, k1): (usize, usize),
+    a: &mut [[S::F; MAX_PER_PANEL]; MT],
+) {
     debug_assert!(!S::LANE_FMA || S::LANES == 4);
     let mut k = k0;
     if S::LANE_FMA {
-        // Eight, then four steps per load of each token's next inputs, taken by lane (eight
-        // halve the loop's own instructions; sixteen spill).
-        while k + 8 <= k1 {
-            // `k + 8 ≤ k1`, and LANE_FMA implies LANES == 4.
-            let (mut xq, mut xr) = ([s.splat(0.0); MT], [s.splat(0.0); MT]);
-            for t in 0..MT {
-                xq[t] = s.load(x[t].add(k));
-                xr[t] = s.load(x[t].add(k + 4));
-            }
-            panels_lane_step::<S, MT, P, 0>(s, &xq, &pp, k, &mut a);
-            panels_lane_step::<S, MT, P, 1>(s, &xq, &pp, k + 1, &mut a);
-            panels_lane_step::<S, MT, P, 2>(s, &xq, &pp, k + 2, &mut a);
-            panels_lane_step::<S, MT, P, 3>(s, &xq, &pp, k + 3, &mut a);
-            panels_lane_step::<S, MT, P, 0>(s, &xr, &pp, k + 4, &mut a);
-            panels_lane_step::<S, MT, P, 1>(s, &xr, &pp, k + 5, &mut a);
-            panels_lane_step::<S, MT, P, 2>(s, &xr, &pp, k + 6, &mut a);
-            panels_lane_step::<S, MT, P, 3>(s, &xr, &pp, k + 7, &mut a);
-            k += 8;
-        }
+        // Four steps per load of each token's next inputs, taken by lane.
         while k + 4 <= k1 {
             // `k + 4 ≤ k1`, and LANE_FMA implies LANES == 4.
             let mut xq = [s.splat(0.0); MT];
             for (xq, x) in xq.iter_mut().zip(x) {
                 *xq = s.load(x.add(k));
             }
-            panels_lane_step::<S, MT, P, 0>(s, &xq, &pp, k, &mut a);
-            panels_lane_step::<S, MT, P, 1>(s, &xq, &pp, k + 1, &mut a);
-            panels_lane_step::<S, MT, P, 2>(s, &xq, &pp, k + 2, &mut a);
-            panels_lane_step::<S, MT, P, 3>(s, &xq, &pp, k + 3, &mut a);
+            panel_lane_step::<S, MT, 0>(s, &xq, panel.add(k * PANEL), a);
+            panel_lane_step::<S, MT, 1>(s, &xq, panel.add((k + 1) * PANEL), a);
+            panel_lane_step::<S, MT, 2>(s, &xq, panel.add((k + 2) * PANEL), a);
+            panel_lane_step::<S, MT, 3>(s, &xq, panel.add((k + 3) * PANEL), a);
             k += 4;
         }
     }
     for k in k..k1 {
-        let mut xv = [s.splat(0.0); MT];
-        for (xv, x) in xv.iter_mut().zip(x) {
-            *xv = s.broadcast(x.add(k));
-        }
-        for (p, pp) in pp.iter().enumerate() {
-            let b = panel_row(s, pp.add(k * PANEL));
-            for (t, xv) in xv.iter().enumerate() {
-                for v in 0..vp {
-                    a[t][p][v] = s.mul_add(*xv, b[v], a[t][p][v]);
-                }
-            }
-        }
-    }
-    for (t, a) in a.iter().enumerate() {
-        for (p, a) in a.iter().enumerate() {
-            for (v, a) in a.iter().enumerate().take(vp) {
-                s.store(acc.add(at(t, p, v)), *a);
+        let b = panel_row(s, panel.add(k * PANEL));
+        for (a, x) in a.iter_mut().zip(x) {
+            let xv = s.broadcast(x.add(k));
+            for v in 0..PANEL / S::LANES {
+                a[v] = s.mul_add(xv, b[v], a[v]);
             }
         }
     }
@@ -1011,29 +1049,25 @@ unsafe fn panel_row<S: Simd>(s: S, p: *const bf16) -> [S::F; MAX_PER_PANEL] {
     b
 }
 
-/// Row `k` of every panel times lane `J` of each token's `xq` (the [`Simd::LANE_FMA`] path
-/// of [`panels_block`]: the same multiply-adds in the same order as its broadcast path).
+/// One panel row (at `row`) times lane `J` of each token's `xq` (the [`Simd::LANE_FMA`] path
+/// of [`panel_steps`]: the same multiply-adds in the same order as its broadcast path).
 #[inline(always)]
-unsafe fn panels_lane_step<S: Simd, const MT: usize, const P: usize, const J: i32>(
+unsafe fn panel_lane_step<S: Simd, const MT: usize, const J: i32>(
     s: S,
     xq: &[S::F; MT],
-    pp: &[*const bf16; P],
-    k: usize,
-    a: &mut [[[S::F; MAX_PER_PANEL]; P]; MT],
+    row: *const bf16,
+    a: &mut [[S::F; MAX_PER_PANEL]; MT],
 ) {
-    let vp = PANEL / S::LANES;
-    for (p, pp) in pp.iter().enumerate() {
-        let b = panel_row(s, pp.add(k * PANEL));
-        for (t, xq) in xq.iter().enumerate() {
-            for v in 0..vp {
-                a[t][p][v] = s.mul_add_lane::<J>(*xq, b[v], a[t][p][v]);
-            }
+    let b = panel_row(s, row);
+    for (a, xq) in a.iter_mut().zip(xq) {
+        for v in 0..PANEL / S::LANES {
+            a[v] = s.mul_add_lane::<J>(*xq, b[v], a[v]);
         }
     }
 }
 
-/// Continues `acc[t·64 + 16p + r]` over `k0..k1` for up to 4 tokens × up to 4 panels: one
-/// token takes all panels at once, more tokens fewer.
+/// Continues `acc[t·DECODE_LD + 16p + r]` over `k0..k1` for up to 4 tokens × up to
+/// [`super::DECODE_PANELS`] panels, streamed in groups of [`decode_group`] panels.
 #[inline(always)]
 pub(crate) unsafe fn panels_fma<S: Simd>(
     s: S,
@@ -1044,14 +1078,9 @@ pub(crate) unsafe fn panels_fma<S: Simd>(
     acc: &mut [f32],
 ) {
     let ap = acc.as_mut_ptr();
-    let per = match xs.len() {
-        1 => 4,
-        2 => 2,
-        _ => 1,
-    };
     let mut p0 = 0;
     while p0 < panels.len() {
-        let np = (panels.len() - p0).min(per);
+        let np = decode_group::<S>(xs.len(), panels.len() - p0);
         let a = ap.add(p0 * PANEL);
         macro_rules! block {
             ($mt:literal, $p:literal) => {{
@@ -1182,7 +1211,7 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
 }
 
 /// `MT` tokens × `P` panels of the bf16-pairs GEMM over pairs `j0..j1` (decode: every weight
-/// read once per step); `acc` rows are `4·PANEL` apart per token. The same chains as
+/// read once per step), [`DECODE_BLOCK`] steps of each panel in turn. The same chains as
 /// [`pairs_block`].
 #[inline(always)]
 unsafe fn pairs_panels_block<S: Simd, const MT: usize, const P: usize>(
@@ -1192,59 +1221,29 @@ unsafe fn pairs_panels_block<S: Simd, const MT: usize, const P: usize>(
     (j0, j1, n): (usize, usize, usize),
     acc: *mut f32,
 ) {
-    let vp = PANEL / S::LANES;
-    let at = |t: usize, p: usize, v: usize| t * 4 * PANEL + p * PANEL + v * S::LANES;
-    let mut a = [[[s.splat(0.0); MAX_PER_PANEL]; P]; MT];
-    for (t, a) in a.iter_mut().enumerate() {
-        for (p, a) in a.iter_mut().enumerate() {
-            for (v, a) in a.iter_mut().enumerate().take(vp) {
-                *a = s.load(acc.add(at(t, p, v)));
+    let mut a = decode_acc_load::<S, MT, P>(s, acc);
+    let (full, tail) = pair_split((j0, j1, n));
+    let mut j = full.start;
+    while j < full.end {
+        let jb = (j + DECODE_BLOCK / 2).min(full.end);
+        for (pp, a) in pp.iter().zip(a.iter_mut()) {
+            for j in j..jb {
+                pairs_step(s, &x, j, pair_rows(*pp, j, false), a);
             }
         }
-    }
-    let (full, tail) = pair_split((j0, j1, n));
-    for j in full {
-        pairs_panels_step(s, &x, &pp, (j, false), &mut a);
+        j = jb;
     }
     for j in tail {
-        pairs_panels_step(s, &x, &pp, (j, true), &mut a);
-    }
-    for (t, a) in a.iter().enumerate() {
-        for (p, a) in a.iter().enumerate() {
-            for (v, a) in a.iter().enumerate().take(vp) {
-                s.store(acc.add(at(t, p, v)), *a);
-            }
+        for (pp, a) in pp.iter().zip(a.iter_mut()) {
+            pairs_step(s, &x, j, pair_rows(*pp, j, true), a);
         }
     }
+    decode_acc_store(s, acc, &a);
 }
 
-/// Pair `j` of [`pairs_panels_block`] (the `tail` pair of an odd panel with a zero odd row)
-/// for every panel and token.
-#[inline(always)]
-unsafe fn pairs_panels_step<S: Simd, const MT: usize, const P: usize>(
-    s: S,
-    x: &[*const u32; MT],
-    pp: &[*const bf16; P],
-    (j, tail): (usize, bool),
-    a: &mut [[[S::F; MAX_PER_PANEL]; P]; MT],
-) {
-    let mut xv = [s.broadcast_pair(x[0].add(j)); MT];
-    for (xv, x) in xv.iter_mut().zip(x).skip(1) {
-        *xv = s.broadcast_pair(x.add(j));
-    }
-    for (p, pp) in pp.iter().enumerate() {
-        let (lo, hi) = pair_rows(*pp, j, tail);
-        let b = pairs_row(s, lo, hi);
-        for (t, xv) in xv.iter().enumerate() {
-            for v in 0..PANEL / S::LANES {
-                a[t][p][v] = s.dot_pairs(a[t][p][v], b[v], *xv);
-            }
-        }
-    }
-}
-
-/// Continues `acc[t·64 + 16p + r]` over pairs `j0..j1` for up to 4 tokens × up to 4 bf16
-/// panels of `n` steps (the bf16 mode's decode; the same chains as [`pairs_panel_fma`]).
+/// Continues `acc[t·DECODE_LD + 16p + r]` over pairs `j0..j1` for up to 4 tokens × up to
+/// [`super::DECODE_PANELS`] bf16 panels of `n` steps (the bf16 mode's decode; the same chains
+/// as [`pairs_panel_fma`]), streamed in groups of [`decode_group`] panels.
 #[inline(always)]
 pub(crate) unsafe fn pairs_panels_fma<S: Simd>(
     s: S,
@@ -1254,14 +1253,9 @@ pub(crate) unsafe fn pairs_panels_fma<S: Simd>(
     acc: &mut [f32],
 ) {
     let ap = acc.as_mut_ptr();
-    let per = match xs.len() {
-        1 => 4,
-        2 => 2,
-        _ => 1,
-    };
     let mut p0 = 0;
     while p0 < panels.len() {
-        let np = (panels.len() - p0).min(per);
+        let np = decode_group::<S>(xs.len(), panels.len() - p0);
         let a = ap.add(p0 * PANEL);
         macro_rules! block {
             ($mt:literal, $p:literal) => {{

@@ -285,6 +285,14 @@ pub const PANEL: usize = crate::weights::PANEL_ROWS;
 /// Most weight rows per [`rows_fma`] call, and its accumulator row stride.
 pub const DIRECT: usize = 32;
 
+/// Most 16-row panels per call of the decode kernels (`panels_fma`, `pairs_panels_fma`): the
+/// rows of a decode tile are `DECODE_PANELS · 16`.
+pub const DECODE_PANELS: usize = 8;
+
+/// The decode kernels' accumulator row stride per token, `acc[t·DECODE_LD + 16p + r]`; also
+/// the rows of one decode tile.
+pub const DECODE_LD: usize = DECODE_PANELS * PANEL;
+
 /// Weight rows of a projection tile, f32 or bf16: up to [`PANEL`] for [`pack_panel`], up to
 /// [`DIRECT`] for [`rows_fma`].
 #[derive(Clone, Copy)]
@@ -411,7 +419,7 @@ pub fn rows_fma(
     Ok(())
 }
 
-/// Continues `acc[t·64 + 16p + r]` (`t` < 4 tokens, `p` < 4 panels) over `k0..k1` straight
+/// Continues `acc[t·DECODE_LD + 16p + r]` (`t` < 4 tokens, `p` < [`DECODE_PANELS`]) over `k0..k1` straight
 /// from bf16 weights in the panel layout ([`crate::MatRef::new_panels`]; `panels[p]` is one
 /// 16-row panel, ≥ `16·k1` long): the same in-order sums as [`pack_panel`] + [`panel_fma`] of
 /// the same rows, bitwise, on each path. A slice too short (a bug) is an [`KdaError::Internal`] error.
@@ -425,10 +433,10 @@ pub fn panels_fma(
 ) -> Result<(), KdaError> {
     if k0 > k1
         || !(1..=4).contains(&xs.len())
-        || !(1..=4).contains(&panels.len())
+        || !(1..=DECODE_PANELS).contains(&panels.len())
         || panels.iter().any(|p| p.len() < k1 * PANEL)
         || xs.iter().any(|x| x.len() < k1)
-        || acc.len() < xs.len() * 4 * PANEL
+        || acc.len() < xs.len() * DECODE_LD
     {
         return bad("simd::panels_fma arguments");
     }
@@ -529,7 +537,8 @@ pub fn pairs_panel_fma(
     Ok(())
 }
 
-/// The bf16 mode's decode: continues `acc[t·64 + 16p + r]` (`t` < 4 tokens, `p` < 4 panels)
+/// The bf16 mode's decode: continues `acc[t·DECODE_LD + 16p + r]` (`t` < 4 tokens, `p` <
+/// [`DECODE_PANELS`])
 /// with the same chains as [`pairs_panel_fma`], bitwise, on each path. A slice too short (a
 /// bug) is an [`KdaError::Internal`] error.
 pub fn pairs_panels_fma(
@@ -540,9 +549,9 @@ pub fn pairs_panels_fma(
     acc: &mut [f32],
 ) -> Result<(), KdaError> {
     if !(1..=4).contains(&xs.len())
-        || !(1..=4).contains(&panels.len())
+        || !(1..=DECODE_PANELS).contains(&panels.len())
         || panels.iter().any(|p| !steps.ok(p.len(), xs))
-        || acc.len() < xs.len() * 4 * PANEL
+        || acc.len() < xs.len() * DECODE_LD
     {
         return bad("simd::pairs_panels_fma arguments");
     }
@@ -550,7 +559,7 @@ pub fn pairs_panels_fma(
     dispatch!(
         isa,
         pairs_panels_fma(xs, panels, st, acc),
-        portable::pairs_panels_fma(xs, panels, st, acc, 4 * PANEL)
+        portable::pairs_panels_fma(xs, panels, st, acc, DECODE_LD)
     );
     Ok(())
 }
@@ -1453,7 +1462,7 @@ mod tests {
         for isa in test_paths() {
             for n in [1usize, 5, 16, 37, 130] {
                 let xv: Vec<Vec<f32>> = (0..4).map(|t| rnd(n, 7 + t as u32)).collect();
-                let wv: Vec<Vec<bf16>> = (0..4 * PANEL)
+                let wv: Vec<Vec<bf16>> = (0..DECODE_PANELS * PANEL)
                     .map(|r| {
                         rnd(n, 300 + r as u32)
                             .iter()
@@ -1462,7 +1471,7 @@ mod tests {
                     })
                     .collect();
                 // Panel p: element (k, r) at 16k + r.
-                let panels: Vec<Vec<bf16>> = (0..4)
+                let panels: Vec<Vec<bf16>> = (0..DECODE_PANELS)
                     .map(|p| {
                         (0..n * PANEL)
                             .map(|i| wv[p * PANEL + i % PANEL][i / PANEL])
@@ -1473,9 +1482,9 @@ mod tests {
                 let ws: Vec<&[bf16]> = wv.iter().map(|v| v.as_slice()).collect();
                 let ps: Vec<&[bf16]> = panels.iter().map(|v| v.as_slice()).collect();
                 for mt in 1..=4 {
-                    for np in 1..=4 {
+                    for np in 1..=DECODE_PANELS {
                         for kstep in [0usize, 3, 16] {
-                            let mut acc = std::vec![0.0f32; mt * 4 * PANEL];
+                            let mut acc = std::vec![0.0f32; mt * DECODE_LD];
                             let step = if kstep == 0 { n } else { kstep };
                             let mut k0 = 0;
                             while k0 < n {
@@ -1497,7 +1506,7 @@ mod tests {
                                 for t in 0..mt {
                                     for r in 0..PANEL {
                                         assert_eq!(
-                                            acc[t * 4 * PANEL + p * PANEL + r].to_bits(),
+                                            acc[t * DECODE_LD + p * PANEL + r].to_bits(),
                                             want[t * PANEL + r].to_bits(),
                                             "{isa:?} n={n} mt={mt} np={np} p={p} t={t} r={r}"
                                         );
@@ -1507,10 +1516,12 @@ mod tests {
                         }
                     }
                 }
-                let mut acc = std::vec![0.0f32; 4 * 4 * PANEL];
+                let mut acc = std::vec![0.0f32; 4 * DECODE_LD];
                 assert!(panels_fma(isa, &xs[..1], &ps[..1], 0, n + 1, &mut acc).is_err());
-                assert!(panels_fma(isa, &xs, &ps, 0, n, &mut acc[..4 * 4 * PANEL - 1]).is_err());
+                assert!(panels_fma(isa, &xs, &ps, 0, n, &mut acc[..4 * DECODE_LD - 1]).is_err());
                 assert!(panels_fma(isa, &[], &ps, 0, n, &mut acc).is_err());
+                let nine = [ps[0]; DECODE_PANELS + 1];
+                assert!(panels_fma(isa, &xs[..1], &nine, 0, n, &mut acc).is_err());
                 // The bf16 panel kernel of prefill, in two k-blocks: the same bits as packing
                 // the rows.
                 for mt in 1..=4 {
@@ -1586,7 +1597,7 @@ mod tests {
     fn pair_kernels_match_reference_bitwise() {
         for path in test_paths() {
             for n in [1usize, 2, 3, 15, 16, 17, 33, 64, 255, 300] {
-                let panels: Vec<Vec<bf16>> = (0..4)
+                let panels: Vec<Vec<bf16>> = (0..DECODE_PANELS as u32)
                     .map(|p| {
                         rnd(n * PANEL, 40 + p)
                             .iter()
@@ -1633,8 +1644,8 @@ mod tests {
                     if tokens > 4 {
                         continue;
                     }
-                    for np in 1..=4 {
-                        let mut acc = std::vec![0.0f32; tokens * 4 * PANEL];
+                    for np in 1..=DECODE_PANELS {
+                        let mut acc = std::vec![0.0f32; tokens * DECODE_LD];
                         pairs_panels_fma(path, &xs, &pr[..np], all, &mut acc).unwrap();
                         for p in 0..np {
                             let mut one = std::vec![0.0f32; tokens * PANEL];
@@ -1642,7 +1653,7 @@ mod tests {
                             pairs_panel_fma(Path::Reference, &xs, all, &pr[p..p + 1], one_acc)
                                 .unwrap();
                             for t in 0..tokens {
-                                let d = &acc[t * 4 * PANEL + p * PANEL..][..PANEL];
+                                let d = &acc[t * DECODE_LD + p * PANEL..][..PANEL];
                                 let ok = d
                                     .iter()
                                     .zip(&one[t * PANEL..(t + 1) * PANEL])

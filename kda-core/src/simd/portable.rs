@@ -228,11 +228,11 @@ pub(super) fn panel_fma_bf16(
     }
 }
 
-/// The sums of [`panel_fma`] from bf16 panel-layout weights (`acc[t·64 + 16p + r]`).
+/// The sums of [`panel_fma`] from bf16 panel-layout weights (`acc[t·DECODE_LD + 16p + r]`).
 pub(super) fn panels_fma(xs: &[&[f32]], panels: &[&[bf16]], k0: usize, k1: usize, acc: &mut [f32]) {
     for (p, panel) in panels.iter().enumerate() {
         let src = &panel[k0 * PANEL..];
-        panel_fma_bf16(xs, k0, k1, src, &mut acc[p * PANEL..], 4 * PANEL);
+        panel_fma_bf16(xs, k0, k1, src, &mut acc[p * PANEL..], super::DECODE_LD);
     }
 }
 
