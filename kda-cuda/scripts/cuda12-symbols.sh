@@ -16,7 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-exes=$(cargo test -p kda-cuda --no-run --message-format=json 2>/dev/null |
+# cargo's own messages go to a file, shown when the build fails (a full disk, say).
+build_log=$(mktemp)
+trap 'rm -f "$build_log"' EXIT
+exes=$(cargo test -p kda-cuda --no-run --message-format=json 2>"$build_log" |
     python3 -c 'import json, sys
 for line in sys.stdin:
     try:
@@ -24,7 +27,11 @@ for line in sys.stdin:
     except ValueError:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])')
+        print(m["executable"])') || {
+    echo "error: cargo test -p kda-cuda --no-run failed:" >&2
+    tail -40 "$build_log" >&2
+    exit 1
+}
 [ -n "$exes" ] || { echo "error: cargo built no executable" >&2; exit 1; }
 cudarc=$(cargo metadata --format-version 1 2>/dev/null | python3 -c 'import json, os, sys
 m = json.load(sys.stdin)

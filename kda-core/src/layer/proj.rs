@@ -23,14 +23,6 @@ struct PairsIn<'a> {
     off: usize,
 }
 
-/// Output rows per projection task in prefill: a whole number of the kernels' 8-, 16- and
-/// 32-row groups, small enough to balance the workers.
-const TILE: usize = 64;
-
-/// Output rows per projection task in decode: [`crate::simd::DECODE_PANELS`] 16-row panels,
-/// the most the decode kernels stream at once (panel-layout weights).
-const DECODE_TILE: usize = crate::simd::DECODE_LD;
-
 /// How a projection's output element `(t, o)` is laid out.
 #[derive(Clone, Copy)]
 pub(super) enum Layout {
@@ -108,11 +100,7 @@ impl Round<'_, '_> {
             Precision::Exact => [None; MAX_PROJS],
             Precision::Bf16 => self.round_inputs(projs, pairs)?,
         };
-        let tile = if self.tokens <= crate::ops::linear::PROJECT_DIRECT_MAX {
-            DECODE_TILE
-        } else {
-            TILE
-        };
+        let tile = crate::ops::linear::project_tile_rows(self.tokens);
         let tiles = |p: &Proj<'_, '_>| p.w.rows().div_ceil(tile);
         let total: usize = projs.iter().map(tiles).sum();
         let first_error = FirstError::default();

@@ -102,6 +102,18 @@ const TB: usize = PROJECT_TOKENS;
 pub const PROJECT_DIRECT_MAX: usize = 4;
 const DIRECT_MAX: usize = PROJECT_DIRECT_MAX;
 
+/// Output rows per projection tile for `tokens` tokens: up to [`PROJECT_DIRECT_MAX`] tokens
+/// (decode), [`simd::DECODE_LD`] rows, the [`simd::DECODE_PANELS`] 16-row panels the decode
+/// kernels stream at once; more tokens (prefill), 64 rows, a whole number of the kernels'
+/// 8-, 16- and 32-row groups and small enough to balance the workers.
+pub fn project_tile_rows(tokens: usize) -> usize {
+    if tokens <= DIRECT_MAX {
+        simd::DECODE_LD
+    } else {
+        64
+    }
+}
+
 /// f32 elements of scratch that lets [`project_tile`] run at full speed: a packed panel of
 /// 16 rows × 256 reduction steps and the accumulators of 256 tokens. Less also works (down
 /// to none for up to four tokens at a time), with the same result bitwise.
@@ -269,8 +281,9 @@ fn decode_panels<'x, T>(
         let pb = (pa + MOST).min(p1);
         let panels: [&[bf16]; MOST] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
         token_groups(row, tokens, &mut |t0, xs| {
+            let acc = &mut acc[..xs.len() * simd::DECODE_LD];
             acc.fill(0.0);
-            kernel(xs, &panels[..pb - pa], &mut acc)?;
+            kernel(xs, &panels[..pb - pa], acc)?;
             for (i, a) in acc.chunks_exact(simd::DECODE_LD).take(xs.len()).enumerate() {
                 for p in pa..pb {
                     let (lo, hi) = part(p);

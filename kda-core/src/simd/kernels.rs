@@ -808,6 +808,26 @@ macro_rules! by_tokens_panels {
 /// far-apart streams; four panels a row (32 bytes) at a time stayed 10–15 % below it.
 const DECODE_BLOCK: usize = 16;
 
+/// `$body` once for each panel `$p` in `0..$n` (`$n` ≤ 8, a const generic), written out with
+/// a constant `$p` each time. A loop over the panels whose body holds a loop of its own is not
+/// unrolled by LLVM, and its variable index into the accumulator array keeps every accumulator
+/// in memory (a load and a store around each multiply-add); constant indices keep them in
+/// registers.
+macro_rules! each_panel {
+    ($n:expr, $p:ident => $body:expr) => {{
+        each_panel!(@ $n, $p, $body, 0 1 2 3 4 5 6 7)
+    }};
+    (@ $n:expr, $p:ident, $body:expr, $($i:literal)*) => {{
+        const _: () = assert!(super::DECODE_PANELS <= 8);
+        $(
+            if $i < $n {
+                let $p: usize = $i;
+                $body;
+            }
+        )*
+    }};
+}
+
 /// Panels a decode kernel streams at once for `tokens` tokens of `remaining` panels: as many
 /// as keep the accumulators within half the registers, at most [`super::DECODE_PANELS`], a
 /// power of two (8 for one token on AVX-512, 4 on AVX2 and NEON).
@@ -988,15 +1008,27 @@ unsafe fn panels_block<S: Simd, const MT: usize, const P: usize>(
     let mut a = decode_acc_load::<S, MT, P>(s, acc);
     if S::LANE_FMA {
         // NEON's by-element FMA: every panel per load of the inputs, a row at a time (the
-        // blocks below cost NEON a third more instructions per token, and no ARM machine
-        // measured what they gain).
+        // 16-step blocks below, eight steps per load of the inputs, cost NEON 8 % more
+        // instructions per token, and no ARM machine measured what they gain).
         panel_steps_lanes(s, &x, &pp, (k0, k1), &mut a);
     } else {
         let mut k = k0;
         while k < k1 {
             let kb = (k + DECODE_BLOCK).min(k1);
-            for (pp, a) in pp.iter().zip(a.iter_mut()) {
-                panel_steps(s, &x, *pp, (k, kb), a);
+            if MT == 1 && kb - k == DECODE_BLOCK {
+                // One token: a constant count of steps, written out without a loop (a third
+                // fewer instructions on AVX2). More tokens keep the loop: written out, LLVM
+                // hoists the inputs the panels share, spills them and mixes the panels' reads.
+                let xk: [*const f32; MT] = core::array::from_fn(|t| x[t].add(k));
+                each_panel!(P, p => {
+                    let row = pp[p].add(k * PANEL);
+                    for i in 0..DECODE_BLOCK {
+                        let xi = core::array::from_fn(|t| xk[t].add(i));
+                        panel_step(s, &xi, row.add(i * PANEL), &mut a[p]);
+                    }
+                });
+            } else {
+                each_panel!(P, p => panel_steps(s, &x, pp[p], (k, kb), &mut a[p]));
             }
             k = kb;
         }
@@ -1024,22 +1056,17 @@ unsafe fn panel_steps_lanes<S: Simd, const MT: usize, const P: usize>(
             xq[t] = s.load(x[t].add(k));
             xr[t] = s.load(x[t].add(k + 4));
         }
-        for (pp, a) in pp.iter().zip(a.iter_mut()) {
-            let row = pp.add(k * PANEL);
-            panel_lane_step::<S, MT, 0>(s, &xq, row, a);
-            panel_lane_step::<S, MT, 1>(s, &xq, row.add(PANEL), a);
-            panel_lane_step::<S, MT, 2>(s, &xq, row.add(2 * PANEL), a);
-            panel_lane_step::<S, MT, 3>(s, &xq, row.add(3 * PANEL), a);
-            panel_lane_step::<S, MT, 0>(s, &xr, row.add(4 * PANEL), a);
-            panel_lane_step::<S, MT, 1>(s, &xr, row.add(5 * PANEL), a);
-            panel_lane_step::<S, MT, 2>(s, &xr, row.add(6 * PANEL), a);
-            panel_lane_step::<S, MT, 3>(s, &xr, row.add(7 * PANEL), a);
-        }
+        panels_lane_step::<S, MT, P, 0>(s, &xq, pp, k, a);
+        panels_lane_step::<S, MT, P, 1>(s, &xq, pp, k + 1, a);
+        panels_lane_step::<S, MT, P, 2>(s, &xq, pp, k + 2, a);
+        panels_lane_step::<S, MT, P, 3>(s, &xq, pp, k + 3, a);
+        panels_lane_step::<S, MT, P, 0>(s, &xr, pp, k + 4, a);
+        panels_lane_step::<S, MT, P, 1>(s, &xr, pp, k + 5, a);
+        panels_lane_step::<S, MT, P, 2>(s, &xr, pp, k + 6, a);
+        panels_lane_step::<S, MT, P, 3>(s, &xr, pp, k + 7, a);
         k += 8;
     }
-    for (pp, a) in pp.iter().zip(a.iter_mut()) {
-        panel_steps(s, x, *pp, (k, k1), a);
-    }
+    each_panel!(P, p => panel_steps(s, x, pp[p], (k, k1), &mut a[p]));
 }
 
 /// Steps `k0..k1` of one bf16 panel for every token of [`panels_block`].
@@ -1069,12 +1096,26 @@ unsafe fn panel_steps<S: Simd, const MT: usize>(
         }
     }
     for k in k..k1 {
-        let b = panel_row(s, panel.add(k * PANEL));
-        for (a, x) in a.iter_mut().zip(x) {
-            let xv = s.broadcast(x.add(k));
-            for v in 0..PANEL / S::LANES {
-                a[v] = s.mul_add(xv, b[v], a[v]);
-            }
+        let xk = core::array::from_fn(|t| x[t].add(k));
+        panel_step(s, &xk, panel.add(k * PANEL), a);
+    }
+}
+
+/// One step of one bf16 panel for every token: the panel row at `row` times each token's
+/// input at `x[t]`. (Pointers to the step itself, not a step index: LLVM then addresses the
+/// steps of a written-out block by constant offsets instead of keeping an index per step.)
+#[inline(always)]
+unsafe fn panel_step<S: Simd, const MT: usize>(
+    s: S,
+    x: &[*const f32; MT],
+    row: *const bf16,
+    a: &mut [[S::F; MAX_PER_PANEL]; MT],
+) {
+    let b = panel_row(s, row);
+    for (a, x) in a.iter_mut().zip(x) {
+        let xv = s.broadcast(*x);
+        for v in 0..PANEL / S::LANES {
+            a[v] = s.mul_add(xv, b[v], a[v]);
         }
     }
 }
@@ -1109,6 +1150,19 @@ unsafe fn panel_lane_step<S: Simd, const MT: usize, const J: i32>(
             a[v] = s.mul_add_lane::<J>(*xq, b[v], a[v]);
         }
     }
+}
+
+/// Step `k` of every panel times lane `J` of each token's `xq`: a short body over all panels,
+/// so that LLVM unrolls it and keeps every accumulator in a register.
+#[inline(always)]
+unsafe fn panels_lane_step<S: Simd, const MT: usize, const P: usize, const J: i32>(
+    s: S,
+    xq: &[S::F; MT],
+    pp: &[*const bf16; P],
+    k: usize,
+    a: &mut [[[S::F; MAX_PER_PANEL]; MT]; P],
+) {
+    each_panel!(P, p => panel_lane_step::<S, MT, J>(s, xq, pp[p].add(k * PANEL), &mut a[p]));
 }
 
 /// Continues `acc[t·DECODE_LD + 16p + r]` over `k0..k1` for up to 4 tokens × up to
@@ -1268,20 +1322,24 @@ unsafe fn pairs_panels_block<S: Simd, const MT: usize, const P: usize>(
 ) {
     let mut a = decode_acc_load::<S, MT, P>(s, acc);
     let (full, tail) = pair_split((j0, j1, n));
+    const PAIRS: usize = DECODE_BLOCK / 2;
     let mut j = full.start;
     while j < full.end {
-        let jb = (j + DECODE_BLOCK / 2).min(full.end);
-        for (pp, a) in pp.iter().zip(a.iter_mut()) {
-            for j in j..jb {
-                pairs_step(s, &x, j, pair_rows(*pp, j, false), a);
-            }
+        if j + PAIRS <= full.end {
+            // A constant count of pairs, so that LLVM writes the block out without a loop.
+            each_panel!(P, p => for j in j..j + PAIRS {
+                pairs_step(s, &x, j, pair_rows(pp[p], j, false), &mut a[p]);
+            });
+            j += PAIRS;
+        } else {
+            each_panel!(P, p => for j in j..full.end {
+                pairs_step(s, &x, j, pair_rows(pp[p], j, false), &mut a[p]);
+            });
+            j = full.end;
         }
-        j = jb;
     }
     for j in tail {
-        for (pp, a) in pp.iter().zip(a.iter_mut()) {
-            pairs_step(s, &x, j, pair_rows(*pp, j, true), a);
-        }
+        each_panel!(P, p => pairs_step(s, &x, j, pair_rows(pp[p], j, true), &mut a[p]));
     }
     decode_acc_store(s, acc, &a);
 }
