@@ -1152,8 +1152,8 @@ unsafe fn panel_lane_step<S: Simd, const MT: usize, const J: i32>(
     }
 }
 
-/// Step `k` of every panel times lane `J` of each token's `xq`: a short body over all panels,
-/// so that LLVM unrolls it and keeps every accumulator in a register.
+/// Step `k` of every panel times lane `J` of each token's `xq` (panels written out by
+/// `each_panel!`, so every accumulator stays in a register).
 #[inline(always)]
 unsafe fn panels_lane_step<S: Simd, const MT: usize, const P: usize, const J: i32>(
     s: S,
