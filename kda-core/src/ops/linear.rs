@@ -284,7 +284,7 @@ fn decode_panels<'x, T>(
             let acc = &mut acc[..xs.len() * simd::DECODE_LD];
             acc.fill(0.0);
             kernel(xs, &panels[..pb - pa], acc)?;
-            for (i, a) in acc.chunks_exact(simd::DECODE_LD).take(xs.len()).enumerate() {
+            for (i, a) in acc.chunks_exact(simd::DECODE_LD).enumerate() {
                 for p in pa..pb {
                     let (lo, hi) = part(p);
                     let v = &a[(p - pa) * PANEL..(p - pa + 1) * PANEL];
