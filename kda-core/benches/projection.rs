@@ -25,15 +25,15 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize)
         let row = |t: usize| &x[(b + t) * N_IN..(b + t + 1) * N_IN];
         let blk = &mut out[b * N_OUT..(b + BLOCK) * N_OUT];
         let mut scratch = vec![0.0f32; scratch_len];
-        // Tiles of 16 rows, as the layer hands them to its workers.
-        for o0 in (0..N_OUT).step_by(16) {
+        // Tiles of 64 rows, as the layer hands them to its workers in prefill.
+        for o0 in (0..N_OUT).step_by(64) {
             project_tile(
                 isa,
                 &row,
                 BLOCK,
                 w,
                 o0,
-                o0 + 16,
+                o0 + 64,
                 &mut scratch,
                 &mut |t, o, v| {
                     blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);

@@ -128,13 +128,13 @@ pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
 
 /// Computes weight rows `o0..o1` of `x · Wᵀ` for `tokens` input rows (`row(t)` gives row `t`,
 /// at least `W.cols` long) and hands the values to `store(t, o, vals)`: outputs `o..o +
-/// vals.len()` of token `t` (up to 32 at a time).
+/// vals.len()` of token `t` (up to 64 at a time).
 ///
 /// With more than four tokens and enough `scratch`, rows go 16 at a time: each k-block of
-/// the 16 rows is packed once (bf16 widened) into a panel that every 6-token register block
-/// streams through (a BLIS-style GEMM); otherwise rows go 32 at a time straight from the
-/// weights, transposed in registers. Panel-layout weights skip the packing and the
-/// transposes. Every path computes each output as one in-order chain over the reduction
+/// the 16 rows is packed once (bf16 widened) into a panel that every register block of
+/// tokens streams through (a BLIS-style GEMM); otherwise rows go 32 at a time straight from
+/// the weights, transposed in registers. Panel-layout weights skip the packing and the
+/// transposes, and run up to four panels per register block of tokens. Every path computes each output as one in-order chain over the reduction
 /// (see `simd::panel_fma`), so every value is bitwise the same for any `o0..o1` split, any
 /// `tokens`, and any scratch size: decode and prefill, and any thread count, agree exactly.
 /// A row too short for the matrix (an internal bug) is an [`KdaError::Internal`] error.
@@ -186,17 +186,7 @@ pub fn project_tile<'x>(
                     }
                 }
             };
-            packed(
-                isa,
-                row,
-                tokens,
-                n,
-                Src::Rows(ws),
-                mr,
-                scratch,
-                &fetch,
-                &mut put,
-            )?;
+            packed(isa, row, tokens, n, ws, mr, scratch, &fetch, &mut put)?;
         } else {
             direct(isa, row, tokens, n, ws, mr, &mut put)?;
         }
@@ -223,35 +213,10 @@ fn project_panels<'x>(
     scratch: &mut [f32],
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
-    let n = w.cols();
-    // Rows `lo..hi` of panel `p` that fall in `o0..o1`, as offsets within the panel.
-    let part = |p: usize| panel_part(p, o0, o1);
-    let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
     if pack {
-        for p in p0..p1 {
-            let panel = w.panel(p);
-            let (lo, hi) = part(p);
-            let next = w.panel(p + 1);
-            let fetch = |k0: usize, k1: usize| {
-                if let Some(s) = next.get(k0 * PANEL..k1 * PANEL) {
-                    simd::prefetch(s);
-                }
-            };
-            let mut put = |t: usize, vals: &[f32]| store(t, p * PANEL + lo, &vals[lo..hi]);
-            packed(
-                isa,
-                row,
-                tokens,
-                n,
-                Src::Panel(panel),
-                hi,
-                scratch,
-                &fetch,
-                &mut put,
-            )?;
-        }
-        return Ok(());
+        return prefill_panels(isa, row, tokens, w, (o0, o1), scratch, store);
     }
+    let n = w.cols();
     let mut kernel = |xs: &[&[f32]], panels: &[&[bf16]], acc: &mut [f32]| {
         simd::panels_fma(isa, xs, panels, 0, n, acc)
     };
@@ -340,9 +305,83 @@ fn panel_part(p: usize, o0: usize, o1: usize) -> (usize, usize) {
     (o0.max(base) - base, o1.min(base + PANEL) - base)
 }
 
-/// The prefill of [`project_tile_pairs`]: up to four panels at a time share each token
-/// block's k-slice of the inputs while it is in L2; the next group's panels are prefetched
-/// k-block by k-block.
+/// Panels of a tile the prefill kernels run at once: each register block of tokens goes over
+/// all of them while its inputs are in L1, and each token's outputs of the group are stored
+/// in one call.
+const GROUP: usize = 4;
+
+/// The prefill of [`project_panels`]: [`GROUP`] panels at a time straight from the bf16
+/// panels (`simd::panel_fma_bf16`: no packing, no transposes), blocks of up to [`TB`]
+/// tokens, k-blocks of [`KC`] steps (128, where the group's k-block and a register block's
+/// inputs fit L1 together, measured no faster on Zen 4), accumulators `[token][group·16]`;
+/// the next group's panels are prefetched k-block by k-block while the first token block
+/// runs.
+fn prefill_panels<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [f32],
+    tokens: usize,
+    w: &MatRef<'_>,
+    (o0, o1): (usize, usize),
+    scratch: &mut [f32],
+    store: &mut Store<'_>,
+) -> Result<(), KdaError> {
+    let n = w.cols();
+    let group = if scratch.len() >= GROUP * PANEL * 64 {
+        GROUP
+    } else {
+        1
+    };
+    let tb = tokens.min(TB).min(scratch.len() / (group * PANEL));
+    let missing = KdaError::Internal {
+        what: "projection panel",
+    };
+    let mut xs: [&[f32]; TB] = [&[]; TB];
+    let (p1, mut pa) = (o1.div_ceil(PANEL), o0 / PANEL);
+    while pa < p1 {
+        let pb = (pa + group).min(p1);
+        let ld = (pb - pa) * PANEL;
+        let panels: [&[bf16]; GROUP] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+        // The group's outputs within `o0..o1`, as columns of the accumulators.
+        let (lo, hi) = (o0.max(pa * PANEL), o1.min(pb * PANEL));
+        let cols = lo - pa * PANEL..hi - pa * PANEL;
+        let mut t0 = 0;
+        while t0 < tokens {
+            let m = (tokens - t0).min(tb);
+            for (i, x) in xs.iter_mut().enumerate().take(m) {
+                *x = row(t0 + i);
+            }
+            let acc = scratch.get_mut(..m * ld).ok_or(missing)?;
+            acc.fill(0.0);
+            let mut k0 = 0;
+            while k0 < n {
+                let k1 = (k0 + KC).min(n);
+                if t0 == 0 {
+                    for p in pa..pb {
+                        if let Some(s) = w.panel(p + group).get(k0 * PANEL..k1 * PANEL) {
+                            simd::prefetch(s);
+                        }
+                    }
+                }
+                let mut steps: [&[bf16]; GROUP] = [&[]; GROUP];
+                for (s, p) in steps.iter_mut().zip(&panels) {
+                    *s = p.get(k0 * PANEL..k1 * PANEL).ok_or(missing)?;
+                }
+                simd::panel_fma_bf16(isa, &xs[..m], (k0, k1), &steps[..pb - pa], (acc, ld))?;
+                k0 = k1;
+            }
+            for (i, a) in acc.chunks_exact(ld).enumerate() {
+                store(t0 + i, lo, &a[cols.clone()])?;
+            }
+            t0 += m;
+        }
+        pa = pb;
+    }
+    Ok(())
+}
+
+/// The prefill of [`project_tile_pairs`]: as [`prefill_panels`], [`GROUP`] panels at a time
+/// share each register block of tokens' inputs, accumulators `[token][group·16]`, the next
+/// group's panels prefetched k-block by k-block.
 fn prefill_pairs<'x>(
     isa: Isa,
     row: &dyn Fn(usize) -> &'x [u32],
@@ -353,8 +392,8 @@ fn prefill_pairs<'x>(
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
     let n = w.cols();
-    let group = if scratch.len() >= 4 * PANEL * 64 {
-        4
+    let group = if scratch.len() >= GROUP * PANEL * 64 {
+        GROUP
     } else {
         1
     };
@@ -364,15 +403,18 @@ fn prefill_pairs<'x>(
     let (p1, mut pa) = (o1.div_ceil(PANEL), o0 / PANEL);
     while pa < p1 {
         let pb = (pa + group).min(p1);
-        let panels: [&[bf16]; 4] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+        let ld = (pb - pa) * PANEL;
+        let panels: [&[bf16]; GROUP] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
+        let (lo, hi) = (o0.max(pa * PANEL), o1.min(pb * PANEL));
+        let cols = lo - pa * PANEL..hi - pa * PANEL;
         let mut t0 = 0;
         while t0 < tokens {
             let m = (tokens - t0).min(tb);
             for (i, x) in xs.iter_mut().enumerate().take(m) {
                 *x = row(t0 + i);
             }
-            let accs = &mut scratch[..(pb - pa) * m * PANEL];
-            accs.fill(0.0);
+            let acc = &mut scratch[..m * ld];
+            acc.fill(0.0);
             let mut j0 = 0;
             while j0 < all.j1 {
                 let j1 = (j0 + KC / 2).min(all.j1);
@@ -385,30 +427,18 @@ fn prefill_pairs<'x>(
                         }
                     }
                 }
-                let (steps, acc) = (simd::PairSteps { j0, j1, n }, (&mut accs[..], m * PANEL));
-                simd::pairs_panel_fma(isa, &xs[..m], steps, &panels[..pb - pa], acc)?;
+                let steps = simd::PairSteps { j0, j1, n };
+                simd::pairs_panel_fma(isa, &xs[..m], steps, &panels[..pb - pa], (acc, ld))?;
                 j0 = j1;
             }
-            for (p, acc) in (pa..pb).zip(accs.chunks_exact(m * PANEL)) {
-                let (lo, hi) = panel_part(p, o0, o1);
-                for (i, a) in acc.chunks_exact(PANEL).enumerate() {
-                    store(t0 + i, p * PANEL + lo, &a[lo..hi])?;
-                }
+            for (i, a) in acc.chunks_exact(ld).enumerate() {
+                store(t0 + i, lo, &a[cols.clone()])?;
             }
             t0 += m;
         }
         pa = pb;
     }
     Ok(())
-}
-
-/// Where the packed GEMM takes a tile's weights from.
-#[derive(Clone, Copy)]
-enum Src<'a, 'w> {
-    /// Row-major rows, packed (transposed) k-block by k-block.
-    Rows(simd::Rows<'a, 'w>),
-    /// One bf16 panel of the panel layout, widened as the GEMM loads it.
-    Panel(&'w [bf16]),
 }
 
 /// Up to 32 rows straight from the weight rows, up to four tokens at a time.
@@ -450,7 +480,8 @@ fn token_groups<'x, T>(
     Ok(())
 }
 
-/// One tile of up to 16 rows as a packed GEMM: per k-block, one panel for up to [`TB`] tokens.
+/// One tile of up to 16 weight rows as a packed GEMM: per k-block, one panel for up to [`TB`]
+/// tokens.
 // The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
 // output rows o0..o1, scratch and the store callback (one call per tile, not per element).
 #[allow(clippy::too_many_arguments)]
@@ -459,7 +490,7 @@ fn packed<'x>(
     row: &dyn Fn(usize) -> &'x [f32],
     tokens: usize,
     n: usize,
-    src: Src<'_, '_>,
+    ws: simd::Rows<'_, '_>,
     mr: usize,
     scratch: &mut [f32],
     fetch: &dyn Fn(usize, usize),
@@ -481,7 +512,7 @@ fn packed<'x>(
     };
     let (acc_all, rest) = scratch.split_at_mut(tb * PANEL);
     let panel = &mut rest[..kc * PANEL];
-    if let (true, Src::Rows(ws)) = (whole, src) {
+    if whole {
         simd::pack_panel(isa, ws, 0, n, panel)?;
     }
     let step = if whole { KC } else { kc };
@@ -500,21 +531,11 @@ fn packed<'x>(
             if t0 == 0 {
                 fetch(k0, k1);
             }
-            match src {
-                // Panel-layout weights are already in panel order: widened as loaded.
-                Src::Panel(p) => {
-                    let b = p.get(k0 * PANEL..k1 * PANEL).ok_or(KdaError::Internal {
-                        what: "projection panel",
-                    })?;
-                    simd::panel_fma_bf16(isa, &xs[..m], k0, k1, b, acc)?;
-                }
-                Src::Rows(_) if whole => {
-                    simd::panel_fma(isa, &xs[..m], k0, k1, &panel[k0 * PANEL..k1 * PANEL], acc)?;
-                }
-                Src::Rows(ws) => {
-                    simd::pack_panel(isa, ws, k0, k1, panel)?;
-                    simd::panel_fma(isa, &xs[..m], k0, k1, panel, acc)?;
-                }
+            if whole {
+                simd::panel_fma(isa, &xs[..m], k0, k1, &panel[k0 * PANEL..k1 * PANEL], acc)?;
+            } else {
+                simd::pack_panel(isa, ws, k0, k1, panel)?;
+                simd::panel_fma(isa, &xs[..m], k0, k1, panel, acc)?;
             }
             k0 = k1;
         }

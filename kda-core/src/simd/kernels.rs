@@ -724,20 +724,21 @@ pub(crate) unsafe fn pack_panel<S: Simd, W: Elem>(
 /// At most this many vectors per 16 outputs (4-lane ISAs).
 const MAX_PER_PANEL: usize = 4;
 
-/// `MT` tokens × 16 outputs of the packed GEMM, continued over `kc` steps of a panel.
+/// `MT` tokens × 16 outputs of the packed GEMM, continued over `kc` steps of a panel: token
+/// `t`'s accumulators at `acc + t·ld`.
 #[inline(always)]
 unsafe fn panel_block<S: Simd, W: Elem, const MT: usize>(
     s: S,
     x: [*const f32; MT],
     kc: usize,
     panel: *const W,
-    acc: *mut f32,
+    (acc, ld): (*mut f32, usize),
 ) {
     let vp = PANEL / S::LANES;
     let mut a = [[s.splat(0.0); MAX_PER_PANEL]; MT];
     for (t, a) in a.iter_mut().enumerate() {
         for (v, a) in a.iter_mut().enumerate().take(vp) {
-            *a = s.load(acc.add(t * PANEL + v * S::LANES));
+            *a = s.load(acc.add(t * ld + v * S::LANES));
         }
     }
     for p in 0..kc {
@@ -754,7 +755,7 @@ unsafe fn panel_block<S: Simd, W: Elem, const MT: usize>(
     }
     for (t, a) in a.iter().enumerate() {
         for (v, a) in a.iter().enumerate().take(vp) {
-            s.store(acc.add(t * PANEL + v * S::LANES), *a);
+            s.store(acc.add(t * ld + v * S::LANES), *a);
         }
     }
 }
@@ -873,28 +874,38 @@ unsafe fn decode_acc_store<S: Simd, const MT: usize, const P: usize>(
     }
 }
 
-/// Continues `acc[t·16 + r]` over `k0..k1` from a packed panel (f32, or bf16 in the panel
-/// layout, widened as it is loaded), tokens in blocks of [`Simd::PANEL_TOKENS`].
+/// Continues `acc[t·ld + 16p + r]` over `k0..k1` from each packed panel `p` of `panels` (f32,
+/// or bf16 in the panel layout, widened as it is loaded; each starting at step `k0`): tokens
+/// in register blocks of at most [`Simd::PANEL_TOKENS`], sized as evenly as they go (256 =
+/// 14·12 + 8·11, not 21·12 + 4: a block of a few tokens has too few chains per load), each
+/// block over every panel in turn while its inputs are in L1.
 #[inline(always)]
 pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
     s: S,
     xs: &[&[f32]],
-    k0: usize,
-    k1: usize,
-    panel: &[W],
-    acc: &mut [f32],
+    (k0, k1): (usize, usize),
+    panels: &[&[W]],
+    (acc, ld): (&mut [f32], usize),
 ) {
-    let (pp, ap) = (panel.as_ptr(), acc.as_mut_ptr());
+    let ap = acc.as_mut_ptr();
     let kc = k1 - k0;
-    for (g, xg) in xs.chunks(S::PANEL_TOKENS).enumerate() {
-        let a = ap.add(g * S::PANEL_TOKENS * PANEL);
-        macro_rules! block {
-            ($mt:literal) => {{
-                let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr().add(k0));
-                panel_block::<S, W, $mt>(s, x, kc, pp, a)
-            }};
+    let blocks = xs.len().div_ceil(S::PANEL_TOKENS);
+    let mut t0 = 0;
+    for b in 0..blocks {
+        // The first `len % blocks` blocks take one token more.
+        let mt = xs.len() / blocks + usize::from(b < xs.len() % blocks);
+        let xg = &xs[t0..t0 + mt];
+        for (p, panel) in panels.iter().enumerate() {
+            let (pp, a) = (panel.as_ptr(), ap.add(t0 * ld + p * PANEL));
+            macro_rules! block {
+                ($mt:literal) => {{
+                    let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr().add(k0));
+                    panel_block::<S, W, $mt>(s, x, kc, pp, (a, ld))
+                }};
+            }
+            by_tokens!(mt, block)
         }
-        by_tokens!(xg.len(), block)
+        t0 += mt;
     }
 }
 
@@ -1232,7 +1243,7 @@ fn pair_split(
 }
 
 /// `MT` tokens × 16 outputs of the bf16-pairs GEMM over pairs `j0..j1` of one panel of `n`
-/// steps: every output continues its chain `acc ← dot_pairs(acc, w_j, x_j)` over `j` in order.
+/// steps (token `t`'s accumulators at `acc + t·ld`): every output continues its chain `acc ← dot_pairs(acc, w_j, x_j)` over `j` in order.
 /// (Two panels sharing each broadcast pair, 24 accumulators, measured 8 % slower on Zen 4.)
 #[inline(always)]
 unsafe fn pairs_block<S: Simd, const MT: usize>(
@@ -1240,13 +1251,13 @@ unsafe fn pairs_block<S: Simd, const MT: usize>(
     x: [*const u32; MT],
     (j0, j1, n): (usize, usize, usize),
     panel: *const bf16,
-    acc: *mut f32,
+    (acc, ld): (*mut f32, usize),
 ) {
     let vp = PANEL / S::LANES;
     let mut a = [[s.splat(0.0); MAX_PER_PANEL]; MT];
     for (t, a) in a.iter_mut().enumerate() {
         for (v, a) in a.iter_mut().enumerate().take(vp) {
-            *a = s.load(acc.add(t * PANEL + v * S::LANES));
+            *a = s.load(acc.add(t * ld + v * S::LANES));
         }
     }
     let (full, tail) = pair_split((j0, j1, n));
@@ -1258,7 +1269,7 @@ unsafe fn pairs_block<S: Simd, const MT: usize>(
     }
     for (t, a) in a.iter().enumerate() {
         for (v, a) in a.iter().enumerate().take(vp) {
-            s.store(acc.add(t * PANEL + v * S::LANES), *a);
+            s.store(acc.add(t * ld + v * S::LANES), *a);
         }
     }
 }
@@ -1282,9 +1293,9 @@ unsafe fn pairs_step<S: Simd, const MT: usize>(
 }
 
 /// Continues, for each panel `p` of `panels` (bf16, the panel layout, `n` steps from step 0),
-/// `acc[p·ld + t·16 + r]` over pairs `j0..j1` for token rows of bf16 pairs `xs[t]` (from
-/// [`round_pairs_row`]), tokens in blocks of [`Simd::PANEL_TOKENS`]: the bf16 precision
-/// mode's prefill GEMM.
+/// `acc[t·ld + 16p + r]` over pairs `j0..j1` for token rows of bf16 pairs `xs[t]` (from
+/// [`round_pairs_row`]): the bf16 precision mode's prefill GEMM, its tokens in register
+/// blocks as [`panel_fma`]'s, each block over every panel in turn.
 #[inline(always)]
 pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
     s: S,
@@ -1294,18 +1305,22 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
     (acc, ld): (&mut [f32], usize),
 ) {
     let ap = acc.as_mut_ptr();
-    for (p, panel) in panels.iter().enumerate() {
-        let pp = panel.as_ptr();
-        for (g, xg) in xs.chunks(S::PANEL_TOKENS).enumerate() {
-            let a = ap.add(p * ld + g * S::PANEL_TOKENS * PANEL);
+    let blocks = xs.len().div_ceil(S::PANEL_TOKENS);
+    let mut t0 = 0;
+    for b in 0..blocks {
+        let mt = xs.len() / blocks + usize::from(b < xs.len() % blocks);
+        let xg = &xs[t0..t0 + mt];
+        for (p, panel) in panels.iter().enumerate() {
+            let (pp, a) = (panel.as_ptr(), ap.add(t0 * ld + p * PANEL));
             macro_rules! block {
                 ($mt:literal) => {{
                     let x: [*const u32; $mt] = core::array::from_fn(|t| xg[t].as_ptr());
-                    pairs_block::<S, $mt>(s, x, (j0, j1, n), pp, a)
+                    pairs_block::<S, $mt>(s, x, (j0, j1, n), pp, (a, ld))
                 }};
             }
-            by_tokens!(xg.len(), block)
+            by_tokens!(mt, block)
         }
+        t0 += mt;
     }
 }
 
@@ -1681,12 +1696,11 @@ macro_rules! instantiate {
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn panel_fma<W: $crate::simd::vector::Elem>(
             xs: &[&[f32]],
-            k0: usize,
-            k1: usize,
-            panel: &[W],
-            acc: &mut [f32],
+            steps: (usize, usize),
+            panels: &[&[W]],
+            acc: (&mut [f32], usize),
         ) {
-            k::panel_fma($token, xs, k0, k1, panel, acc)
+            k::panel_fma($token, xs, steps, panels, acc)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn rows_fma<W: $crate::simd::vector::Elem>(

@@ -372,7 +372,7 @@ pub fn panel_fma(
     }
     dispatch!(
         isa,
-        panel_fma(xs, k0, k1, panel, acc),
+        panel_fma(xs, (k0, k1), &[panel], (acc, PANEL)),
         portable::panel_fma(xs, k0, k1, panel, acc)
     );
     Ok(())
@@ -448,24 +448,38 @@ pub fn panels_fma(
     Ok(())
 }
 
-/// [`panel_fma`] straight from a bf16 panel of the panel layout (`panel` starts at step
-/// `k0`, element `(k, r)` at `16·(k − k0) + r`), widened as it is loaded: the same sums,
-/// bitwise, without a widened copy. A slice too short (a bug) is an [`KdaError::Internal`] error.
+/// [`panel_fma`] straight from bf16 panels of the panel layout, widened as they are loaded:
+/// continues `acc[t·ld + 16p + r]` over `k0..k1` for each panel `p` of `panels` (each
+/// starting at step `k0`, element `(k, r)` at `16·(k − k0) + r`): the same sums, bitwise,
+/// without a widened copy. A slice too short or `ld` under `16·panels.len()` (a bug) is an
+/// [`KdaError::Internal`] error.
 pub fn panel_fma_bf16(
     isa: impl Into<Path>,
     xs: &[&[f32]],
-    k0: usize,
-    k1: usize,
-    panel: &[bf16],
-    acc: &mut [f32],
+    (k0, k1): (usize, usize),
+    panels: &[&[bf16]],
+    (acc, ld): (&mut [f32], usize),
 ) -> Result<(), KdaError> {
-    if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
+    let width = panels.len() * PANEL;
+    let acc_len = match xs.len() {
+        0 => 0,
+        m => (m - 1) * ld + width,
+    };
+    if ld < width
+        || panels
+            .iter()
+            .any(|p| !panel_args_ok(xs, k0, k1, p.len(), acc.len()))
+        || acc.len() < acc_len
+    {
         return bad("simd::panel_fma_bf16 arguments");
     }
     dispatch!(
         isa,
-        panel_fma(xs, k0, k1, panel, acc),
-        portable::panel_fma_bf16(xs, k0, k1, panel, acc, PANEL)
+        panel_fma(xs, (k0, k1), panels, (acc, ld)),
+        for (p, panel) in panels.iter().enumerate() {
+            let a = &mut acc[p * PANEL..];
+            portable::panel_fma_bf16(xs, k0, k1, panel, a, ld)
+        }
     );
     Ok(())
 }
@@ -505,12 +519,12 @@ impl PairSteps {
 }
 
 /// The bf16 precision mode's prefill GEMM: for each panel `p` of `panels` (bf16, the panel
-/// layout, from step 0), continues `acc[p·ld + t·16 + r]` over pairs `steps.j0..steps.j1`
+/// layout, from step 0), continues `acc[t·ld + 16p + r]` over pairs `steps.j0..steps.j1`
 /// for token rows of bf16 pairs (from [`round_pairs_row`]): per output the chain
 /// `acc ← acc + x_odd·w_odd + x_even·w_even` over the pairs in order, each addition rounded
 /// (`vdpbf16ps` on [`Isa::Avx512Bf16`], two multiply-adds elsewhere: bitwise the same except
-/// that `vdpbf16ps` flushes subnormals). A slice too short (a bug) is an
-/// [`KdaError::Internal`] error.
+/// that `vdpbf16ps` flushes subnormals). A slice too short or `ld` under `16·panels.len()`
+/// (a bug) is an [`KdaError::Internal`] error.
 pub fn pairs_panel_fma(
     isa: impl Into<Path>,
     xs: &[&[u32]],
@@ -518,21 +532,19 @@ pub fn pairs_panel_fma(
     panels: &[&[bf16]],
     (acc, ld): (&mut [f32], usize),
 ) -> Result<(), KdaError> {
-    let np = panels.len();
-    if panels.iter().any(|p| !steps.ok(p.len(), xs))
-        || ld < xs.len() * PANEL
-        || (np > 0 && acc.len() < (np - 1) * ld + xs.len() * PANEL)
-    {
+    let width = panels.len() * PANEL;
+    let acc_len = match xs.len() {
+        0 => 0,
+        m => (m - 1) * ld + width,
+    };
+    if panels.iter().any(|p| !steps.ok(p.len(), xs)) || ld < width || acc.len() < acc_len {
         return bad("simd::pairs_panel_fma arguments");
     }
     let st = steps.tuple();
     dispatch!(
         isa,
         pairs_panel_fma(xs, st, panels, (acc, ld)),
-        for (p, panel) in panels.iter().enumerate() {
-            let a = &mut acc[p * ld..];
-            portable::pairs_panels_fma(xs, &[panel], st, a, PANEL)
-        }
+        portable::pairs_panels_fma(xs, panels, st, acc, ld)
     );
     Ok(())
 }
@@ -1522,20 +1534,68 @@ mod tests {
                 assert!(panels_fma(isa, &[], &ps, 0, n, &mut acc).is_err());
                 let nine = [ps[0]; DECODE_PANELS + 1];
                 assert!(panels_fma(isa, &xs[..1], &nine, 0, n, &mut acc).is_err());
-                // The bf16 panel kernel of prefill, in two k-blocks: the same bits as packing
-                // the rows.
-                for mt in 1..=4 {
-                    let xg = &xs[..mt];
-                    let want = project(isa, n, xg, Rows::Bf16(&ws[..PANEL]), 0, true);
-                    let mut acc = std::vec![0.0f32; mt * PANEL];
-                    let h = n / 2;
-                    assert!(panel_fma_bf16(isa, xg, 0, h, &ps[0][..h * PANEL], &mut acc).is_ok());
-                    assert!(panel_fma_bf16(isa, xg, h, n, &ps[0][h * PANEL..], &mut acc).is_ok());
-                    assert!(
-                        panel_fma_bf16(isa, xg, h, n + 1, &ps[0][h * PANEL..], &mut acc).is_err()
-                    );
-                    for (a, b) in acc.iter().zip(&want) {
-                        assert_eq!(a.to_bits(), b.to_bits(), "{isa:?} panel_fma_bf16 n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn prefill_panel_kernel_matches_packing_the_rows_bitwise() {
+        // Token counts across the register blocks' even split (6 and 12 tokens a block),
+        // one to four panels, accumulators `ld` apart with room to spare, two k-blocks.
+        for isa in test_paths() {
+            for n in [1usize, 16, 37] {
+                let xv: Vec<Vec<f32>> = (0..30).map(|t| rnd(n, 7 + t as u32)).collect();
+                let wv: Vec<Vec<bf16>> = (0..4 * PANEL)
+                    .map(|r| {
+                        let row = rnd(n, 300 + r as u32);
+                        row.iter().map(|&v| bf16::from_f32(v)).collect()
+                    })
+                    .collect();
+                let panels: Vec<Vec<bf16>> = (0..4)
+                    .map(|p| {
+                        (0..n * PANEL)
+                            .map(|i| wv[p * PANEL + i % PANEL][i / PANEL])
+                            .collect()
+                    })
+                    .collect();
+                let ws: Vec<&[bf16]> = wv.iter().map(|v| v.as_slice()).collect();
+                for tokens in [1usize, 5, 7, 12, 13, 25, 30] {
+                    let xs: Vec<&[f32]> = xv[..tokens].iter().map(|v| v.as_slice()).collect();
+                    for np in 1..=4 {
+                        let ld = np * PANEL + 3;
+                        let mut acc = std::vec![0.0f32; (tokens - 1) * ld + np * PANEL];
+                        let h = n / 2;
+                        let first: Vec<&[bf16]> =
+                            panels[..np].iter().map(|p| &p[..h * PANEL]).collect();
+                        let second: Vec<&[bf16]> =
+                            panels[..np].iter().map(|p| &p[h * PANEL..]).collect();
+                        let ok = panel_fma_bf16(isa, &xs, (0, h), &first, (&mut acc, ld));
+                        assert!(ok.is_ok());
+                        let ok = panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc, ld));
+                        assert!(ok.is_ok());
+                        for p in 0..np {
+                            let rows = Rows::Bf16(&ws[p * PANEL..(p + 1) * PANEL]);
+                            let want = project(isa, n, &xs, rows, 0, true);
+                            for t in 0..tokens {
+                                for r in 0..PANEL {
+                                    assert_eq!(
+                                        acc[t * ld + p * PANEL + r].to_bits(),
+                                        want[t * PANEL + r].to_bits(),
+                                        "{isa:?} n={n} tokens={tokens} np={np} p={p} t={t} r={r}"
+                                    );
+                                }
+                            }
+                        }
+                        // Short slices and a stride under the group's width are refused.
+                        let bad_steps =
+                            panel_fma_bf16(isa, &xs, (h, n + 1), &second, (&mut acc, ld));
+                        assert!(bad_steps.is_err());
+                        let narrow = panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc, ld - 4));
+                        assert!(narrow.is_err());
+                        let short = acc.len() - 1;
+                        let bad_acc =
+                            panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc[..short], ld));
+                        assert!(bad_acc.is_err());
                     }
                 }
             }
@@ -1617,29 +1677,34 @@ mod tests {
                     let mid = all.j1 / 3;
                     let halves = [PairSteps { j1: mid, ..all }, PairSteps { j0: mid, ..all }];
                     for st in halves {
-                        pairs_panel_fma(path, &xs, st, &pr[..1], (&mut got, tokens * PANEL))
-                            .unwrap();
+                        pairs_panel_fma(path, &xs, st, &pr[..1], (&mut got, PANEL)).unwrap();
                     }
                     let same = got
                         .iter()
                         .zip(&want)
                         .all(|(g, w)| g.to_bits() == w.to_bits());
                     assert!(same, "{path:?} pairs_panel_fma n={n} tokens={tokens}");
-                    // Three panels in one call, accumulators `ld` apart: each panel's sums
-                    // as alone.
-                    let ld = tokens * PANEL + 5;
-                    let mut three = std::vec![0.0f32; 2 * ld + tokens * PANEL];
+                    // Three panels in one call, tokens `ld` apart: each panel's sums as alone.
+                    let ld = 3 * PANEL + 5;
+                    let mut three = std::vec![0.0f32; (tokens - 1) * ld + 3 * PANEL];
                     pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three, ld)).unwrap();
+                    let short = three.len() - 1;
+                    let cut = pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three[..short], ld));
+                    assert!(cut.is_err());
+                    let narrow = pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three, ld - 6));
+                    assert!(narrow.is_err());
                     for p in 0..3 {
                         let mut one = std::vec![0.0f32; tokens * PANEL];
                         let st = all.tuple();
                         portable::pairs_panels_fma(&xs, &pr[p..p + 1], st, &mut one, PANEL);
-                        let got = &three[p * ld..p * ld + tokens * PANEL];
-                        let ok = got
-                            .iter()
-                            .zip(&one)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(ok, "{path:?} three panels: {p} n={n} tokens={tokens}");
+                        for t in 0..tokens {
+                            let got = &three[t * ld + p * PANEL..][..PANEL];
+                            let ok = got
+                                .iter()
+                                .zip(&one[t * PANEL..(t + 1) * PANEL])
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(ok, "{path:?} three panels: {p} n={n} t={t}/{tokens}");
+                        }
                     }
                     if tokens > 4 {
                         continue;
@@ -1649,7 +1714,7 @@ mod tests {
                         pairs_panels_fma(path, &xs, &pr[..np], all, &mut acc).unwrap();
                         for p in 0..np {
                             let mut one = std::vec![0.0f32; tokens * PANEL];
-                            let one_acc = (&mut one[..], tokens * PANEL);
+                            let one_acc = (&mut one[..], PANEL);
                             pairs_panel_fma(Path::Reference, &xs, all, &pr[p..p + 1], one_acc)
                                 .unwrap();
                             for t in 0..tokens {
