@@ -310,32 +310,81 @@ fn panel_part(p: usize, o0: usize, o1: usize) -> (usize, usize) {
 /// in one call.
 const GROUP: usize = 4;
 
-/// The prefill of [`project_panels`]: [`GROUP`] panels at a time straight from the bf16
-/// panels (`simd::panel_fma_bf16`: no packing, no transposes), blocks of up to [`TB`]
-/// tokens, k-blocks of [`KC`] steps (128, where the group's k-block and a register block's
-/// inputs fit L1 together, measured no faster on Zen 4), accumulators `[token][group·16]`;
-/// the next group's panels are prefetched k-block by k-block while the first token block
-/// runs.
+/// The prefill of [`project_panels`]: [`prefill_groups`] with the f32 GEMM straight from the
+/// bf16 panels (`simd::panel_fma_bf16`: no packing, no transposes).
 fn prefill_panels<'x>(
     isa: Isa,
     row: &dyn Fn(usize) -> &'x [f32],
     tokens: usize,
     w: &MatRef<'_>,
-    (o0, o1): (usize, usize),
+    tile: (usize, usize),
     scratch: &mut [f32],
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
     let n = w.cols();
+    let mut kernel = |xs: &[&[f32]], (k0, k1), panels: &[&[bf16]], acc: (&mut [f32], usize)| {
+        let mut steps: [&[bf16]; GROUP] = [&[]; GROUP];
+        for (s, p) in steps.iter_mut().zip(panels) {
+            *s = p.get(k0 * PANEL..k1 * PANEL).ok_or(KdaError::Internal {
+                what: "projection panel",
+            })?;
+        }
+        simd::panel_fma_bf16(isa, xs, (k0, k1), &steps[..panels.len()], acc)
+    };
+    let steps = (1, n);
+    prefill_groups(row, tokens, w, tile, scratch, steps, &mut kernel, store)
+}
+
+/// The prefill of [`project_tile_pairs`]: [`prefill_groups`] with the bf16 pair GEMM
+/// (`simd::pairs_panel_fma`), k-blocks of [`KC`] / 2 pairs.
+fn prefill_pairs<'x>(
+    isa: Isa,
+    row: &dyn Fn(usize) -> &'x [u32],
+    tokens: usize,
+    w: &MatRef<'_>,
+    tile: (usize, usize),
+    scratch: &mut [f32],
+    store: &mut Store<'_>,
+) -> Result<(), KdaError> {
+    let n = w.cols();
+    let mut kernel = |xs: &[&[u32]], (j0, j1), panels: &[&[bf16]], acc: (&mut [f32], usize)| {
+        simd::pairs_panel_fma(isa, xs, simd::PairSteps { j0, j1, n }, panels, acc)
+    };
+    let steps = (2, n.div_ceil(2));
+    prefill_groups(row, tokens, w, tile, scratch, steps, &mut kernel, store)
+}
+
+/// The GEMM kernel of [`prefill_groups`]: `kernel(xs, (u0, u1), panels, (acc, ld))`
+/// continues `acc[t·ld + 16p + r]` over reduction units `u0..u1` for each panel `p`.
+type GroupKernel<'k, 'x, T> = dyn FnMut(&[&'x [T]], (usize, usize), &[&[bf16]], (&mut [f32], usize)) -> Result<(), KdaError>
+    + 'k;
+
+/// Rows `o0..o1` of a panel-layout matrix for many tokens: [`GROUP`] panels at a time, blocks
+/// of up to [`TB`] tokens, k-blocks of [`KC`] steps (blocks of 128, where the group's k-block
+/// and a register block's inputs fit L1 together, measured no faster on Zen 4), accumulators
+/// `[token][group·16]` so that each token's outputs of the group are stored in one call; the
+/// next group's panels are prefetched k-block by k-block while the first token block runs.
+/// The kernel counts the reduction in units of `unit` steps (`units` in all).
+// The tile's inputs, matrix, rows and scratch, the kernel's units and the kernel itself, and
+// the store callback.
+#[allow(clippy::too_many_arguments)]
+fn prefill_groups<'x, T>(
+    row: &dyn Fn(usize) -> &'x [T],
+    tokens: usize,
+    w: &MatRef<'_>,
+    (o0, o1): (usize, usize),
+    scratch: &mut [f32],
+    (unit, units): (usize, usize),
+    kernel: &mut GroupKernel<'_, 'x, T>,
+    store: &mut Store<'_>,
+) -> Result<(), KdaError> {
     let group = if scratch.len() >= GROUP * PANEL * 64 {
         GROUP
     } else {
         1
     };
     let tb = tokens.min(TB).min(scratch.len() / (group * PANEL));
-    let missing = KdaError::Internal {
-        what: "projection panel",
-    };
-    let mut xs: [&[f32]; TB] = [&[]; TB];
+    let mut xs: [&[T]; TB] = [&[]; TB];
     let (p1, mut pa) = (o1.div_ceil(PANEL), o0 / PANEL);
     while pa < p1 {
         let pb = (pa + group).min(p1);
@@ -350,86 +399,24 @@ fn prefill_panels<'x>(
             for (i, x) in xs.iter_mut().enumerate().take(m) {
                 *x = row(t0 + i);
             }
-            let acc = scratch.get_mut(..m * ld).ok_or(missing)?;
+            let acc = scratch.get_mut(..m * ld).ok_or(KdaError::Internal {
+                what: "projection accumulators",
+            })?;
             acc.fill(0.0);
-            let mut k0 = 0;
-            while k0 < n {
-                let k1 = (k0 + KC).min(n);
-                if t0 == 0 {
-                    for p in pa..pb {
-                        if let Some(s) = w.panel(p + group).get(k0 * PANEL..k1 * PANEL) {
-                            simd::prefetch(s);
-                        }
-                    }
-                }
-                let mut steps: [&[bf16]; GROUP] = [&[]; GROUP];
-                for (s, p) in steps.iter_mut().zip(&panels) {
-                    *s = p.get(k0 * PANEL..k1 * PANEL).ok_or(missing)?;
-                }
-                simd::panel_fma_bf16(isa, &xs[..m], (k0, k1), &steps[..pb - pa], (acc, ld))?;
-                k0 = k1;
-            }
-            for (i, a) in acc.chunks_exact(ld).enumerate() {
-                store(t0 + i, lo, &a[cols.clone()])?;
-            }
-            t0 += m;
-        }
-        pa = pb;
-    }
-    Ok(())
-}
-
-/// The prefill of [`project_tile_pairs`]: as [`prefill_panels`], [`GROUP`] panels at a time
-/// share each register block of tokens' inputs, accumulators `[token][group·16]`, the next
-/// group's panels prefetched k-block by k-block.
-fn prefill_pairs<'x>(
-    isa: Isa,
-    row: &dyn Fn(usize) -> &'x [u32],
-    tokens: usize,
-    w: &MatRef<'_>,
-    (o0, o1): (usize, usize),
-    scratch: &mut [f32],
-    store: &mut Store<'_>,
-) -> Result<(), KdaError> {
-    let n = w.cols();
-    let group = if scratch.len() >= GROUP * PANEL * 64 {
-        GROUP
-    } else {
-        1
-    };
-    let tb = tokens.min(TB).min(scratch.len() / (group * PANEL));
-    let all = simd::PairSteps::all(n);
-    let mut xs: [&[u32]; TB] = [&[]; TB];
-    let (p1, mut pa) = (o1.div_ceil(PANEL), o0 / PANEL);
-    while pa < p1 {
-        let pb = (pa + group).min(p1);
-        let ld = (pb - pa) * PANEL;
-        let panels: [&[bf16]; GROUP] = core::array::from_fn(|i| w.panel((pa + i).min(pb - 1)));
-        let (lo, hi) = (o0.max(pa * PANEL), o1.min(pb * PANEL));
-        let cols = lo - pa * PANEL..hi - pa * PANEL;
-        let mut t0 = 0;
-        while t0 < tokens {
-            let m = (tokens - t0).min(tb);
-            for (i, x) in xs.iter_mut().enumerate().take(m) {
-                *x = row(t0 + i);
-            }
-            let acc = &mut scratch[..m * ld];
-            acc.fill(0.0);
-            let mut j0 = 0;
-            while j0 < all.j1 {
-                let j1 = (j0 + KC / 2).min(all.j1);
+            let mut u0 = 0;
+            while u0 < units {
+                let u1 = (u0 + KC / unit).min(units);
                 if t0 == 0 {
                     for p in pa..pb {
                         let next = w.panel(p + group);
-                        if let Some(s) = next.get(2 * j0 * PANEL..(2 * j1 * PANEL).min(next.len()))
-                        {
+                        let range = unit * u0 * PANEL..(unit * u1 * PANEL).min(next.len());
+                        if let Some(s) = next.get(range) {
                             simd::prefetch(s);
                         }
                     }
                 }
-                let steps = simd::PairSteps { j0, j1, n };
-                simd::pairs_panel_fma(isa, &xs[..m], steps, &panels[..pb - pa], (acc, ld))?;
-                j0 = j1;
+                kernel(&xs[..m], (u0, u1), &panels[..pb - pa], (&mut *acc, ld))?;
+                u0 = u1;
             }
             for (i, a) in acc.chunks_exact(ld).enumerate() {
                 store(t0 + i, lo, &a[cols.clone()])?;

@@ -874,6 +874,17 @@ unsafe fn decode_acc_store<S: Simd, const MT: usize, const P: usize>(
     }
 }
 
+/// `(start, len)` of `⌈n / most⌉` consecutive blocks covering `0..n`, at most `most` long and
+/// as even as they go: the first `n % blocks` take one more.
+#[inline(always)]
+fn even_blocks(n: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let blocks = n.div_ceil(most);
+    (0..blocks).map(move |b| {
+        let (base, extra) = (n / blocks, n % blocks);
+        (b * base + b.min(extra), base + usize::from(b < extra))
+    })
+}
+
 /// Continues `acc[t·ld + 16p + r]` over `k0..k1` from each packed panel `p` of `panels` (f32,
 /// or bf16 in the panel layout, widened as it is loaded; each starting at step `k0`): tokens
 /// in register blocks of at most [`Simd::PANEL_TOKENS`], sized as evenly as they go (256 =
@@ -889,11 +900,7 @@ pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
 ) {
     let ap = acc.as_mut_ptr();
     let kc = k1 - k0;
-    let blocks = xs.len().div_ceil(S::PANEL_TOKENS);
-    let mut t0 = 0;
-    for b in 0..blocks {
-        // The first `len % blocks` blocks take one token more.
-        let mt = xs.len() / blocks + usize::from(b < xs.len() % blocks);
+    for (t0, mt) in even_blocks(xs.len(), S::PANEL_TOKENS) {
         let xg = &xs[t0..t0 + mt];
         for (p, panel) in panels.iter().enumerate() {
             let (pp, a) = (panel.as_ptr(), ap.add(t0 * ld + p * PANEL));
@@ -905,7 +912,6 @@ pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
             }
             by_tokens!(mt, block)
         }
-        t0 += mt;
     }
 }
 
@@ -1305,10 +1311,7 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
     (acc, ld): (&mut [f32], usize),
 ) {
     let ap = acc.as_mut_ptr();
-    let blocks = xs.len().div_ceil(S::PANEL_TOKENS);
-    let mut t0 = 0;
-    for b in 0..blocks {
-        let mt = xs.len() / blocks + usize::from(b < xs.len() % blocks);
+    for (t0, mt) in even_blocks(xs.len(), S::PANEL_TOKENS) {
         let xg = &xs[t0..t0 + mt];
         for (p, panel) in panels.iter().enumerate() {
             let (pp, a) = (panel.as_ptr(), ap.add(t0 * ld + p * PANEL));
@@ -1320,7 +1323,6 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
             }
             by_tokens!(mt, block)
         }
-        t0 += mt;
     }
 }
 
@@ -1765,3 +1767,31 @@ macro_rules! instantiate {
     };
 }
 pub(crate) use instantiate;
+
+#[cfg(test)]
+mod tests {
+    use super::even_blocks;
+
+    #[test]
+    fn even_blocks_cover_in_order_and_differ_by_at_most_one() {
+        for most in 1..=13 {
+            for n in 0..=100 {
+                let blocks: std::vec::Vec<(usize, usize)> = even_blocks(n, most).collect();
+                assert_eq!(blocks.len(), n.div_ceil(most));
+                let mut next = 0;
+                for &(start, len) in &blocks {
+                    assert_eq!(start, next, "n={n} most={most}");
+                    assert!(len >= 1 && len <= most, "n={n} most={most}");
+                    next += len;
+                }
+                assert_eq!(next, n);
+                let lens = blocks.iter().map(|b| b.1);
+                let (lo, hi) = (lens.clone().min(), lens.max());
+                assert!(hi.zip(lo).is_none_or(|(h, l)| h - l <= 1));
+            }
+        }
+        // The prefill's 256 tokens in 12-token blocks: 14 of 12, then 8 of 11.
+        let lens: std::vec::Vec<usize> = even_blocks(256, 12).map(|b| b.1).collect();
+        assert_eq!(lens, [[12; 14].as_slice(), &[11; 8]].concat());
+    }
+}
