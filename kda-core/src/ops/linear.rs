@@ -134,9 +134,10 @@ pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
 /// the 16 rows is packed once (bf16 widened) into a panel that every register block of
 /// tokens streams through (a BLIS-style GEMM); otherwise rows go 32 at a time straight from
 /// the weights, transposed in registers. Panel-layout weights skip the packing and the
-/// transposes, and run up to four panels per register block of tokens. Every path computes each output as one in-order chain over the reduction
-/// (see `simd::panel_fma`), so every value is bitwise the same for any `o0..o1` split, any
-/// `tokens`, and any scratch size: decode and prefill, and any thread count, agree exactly.
+/// transposes, and run up to four panels per register block of tokens. Every path computes
+/// each output as one in-order chain over the reduction (see `simd::panel_fma`), so every
+/// value is bitwise the same for any `o0..o1` split, any `tokens`, and any scratch size:
+/// decode and prefill, and any thread count, agree exactly.
 /// A row too short for the matrix (an internal bug) is an [`KdaError::Internal`] error.
 // The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
 // output rows o0..o1, scratch and the store callback (one call per tile, not per element).

@@ -1249,7 +1249,8 @@ fn pair_split(
 }
 
 /// `MT` tokens × 16 outputs of the bf16-pairs GEMM over pairs `j0..j1` of one panel of `n`
-/// steps (token `t`'s accumulators at `acc + t·ld`): every output continues its chain `acc ← dot_pairs(acc, w_j, x_j)` over `j` in order.
+/// steps (token `t`'s accumulators at `acc + t·ld`): every output continues its chain
+/// `acc ← dot_pairs(acc, w_j, x_j)` over `j` in order.
 /// (Two panels sharing each broadcast pair, 24 accumulators, measured 8 % slower on Zen 4.)
 #[inline(always)]
 unsafe fn pairs_block<S: Simd, const MT: usize>(

@@ -460,16 +460,10 @@ pub fn panel_fma_bf16(
     panels: &[&[bf16]],
     (acc, ld): (&mut [f32], usize),
 ) -> Result<(), KdaError> {
-    let width = panels.len() * PANEL;
-    let acc_len = match xs.len() {
-        0 => 0,
-        m => (m - 1) * ld + width,
-    };
-    if ld < width
-        || panels
-            .iter()
-            .any(|p| !panel_args_ok(xs, k0, k1, p.len(), acc.len()))
-        || acc.len() < acc_len
+    let steps_ok = k0 <= k1 && xs.iter().all(|x| x.len() >= k1);
+    if !steps_ok
+        || panels.iter().any(|p| p.len() < (k1 - k0) * PANEL)
+        || !group_acc_ok(xs.len(), panels.len(), (acc.len(), ld))
     {
         return bad("simd::panel_fma_bf16 arguments");
     }
@@ -482,6 +476,17 @@ pub fn panel_fma_bf16(
         }
     );
     Ok(())
+}
+
+/// Whether accumulators of `acc_len` elements hold `acc[t·ld + 16p + r]` for `tokens` tokens
+/// and `panels` panels, tokens `ld ≥ 16·panels` apart (the prefill GEMMs' layout).
+fn group_acc_ok(tokens: usize, panels: usize, (acc_len, ld): (usize, usize)) -> bool {
+    let width = panels * PANEL;
+    let need = match tokens {
+        0 => 0,
+        m => (m - 1).saturating_mul(ld).saturating_add(width),
+    };
+    ld >= width && acc_len >= need
 }
 
 /// Steps of a bf16 panel the pair kernels cover: pairs `j0..j1` of a panel of `n` steps
@@ -532,12 +537,9 @@ pub fn pairs_panel_fma(
     panels: &[&[bf16]],
     (acc, ld): (&mut [f32], usize),
 ) -> Result<(), KdaError> {
-    let width = panels.len() * PANEL;
-    let acc_len = match xs.len() {
-        0 => 0,
-        m => (m - 1) * ld + width,
-    };
-    if panels.iter().any(|p| !steps.ok(p.len(), xs)) || ld < width || acc.len() < acc_len {
+    if panels.iter().any(|p| !steps.ok(p.len(), xs))
+        || !group_acc_ok(xs.len(), panels.len(), (acc.len(), ld))
+    {
         return bad("simd::pairs_panel_fma arguments");
     }
     let st = steps.tuple();
