@@ -879,10 +879,8 @@ unsafe fn decode_acc_store<S: Simd, const MT: usize, const P: usize>(
 #[inline(always)]
 fn even_blocks(n: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
     let blocks = n.div_ceil(most);
-    (0..blocks).map(move |b| {
-        let (base, extra) = (n / blocks, n % blocks);
-        (b * base + b.min(extra), base + usize::from(b < extra))
-    })
+    let (base, extra) = (n / blocks.max(1), n % blocks.max(1));
+    (0..blocks).map(move |b| (b * base + b.min(extra), base + usize::from(b < extra)))
 }
 
 /// Continues `acc[t·ld + 16p + r]` over `k0..k1` from each packed panel `p` of `panels` (f32,

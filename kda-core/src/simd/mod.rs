@@ -367,7 +367,7 @@ pub fn panel_fma(
     panel: &[f32],
     acc: &mut [f32],
 ) -> Result<(), KdaError> {
-    if !panel_args_ok(xs, k0, k1, panel.len(), acc.len()) {
+    if !(steps_ok(xs, (k0, k1), panel.len()) && group_acc_ok(xs.len(), 1, (acc.len(), PANEL))) {
         return bad("simd::panel_fma arguments");
     }
     dispatch!(
@@ -378,13 +378,10 @@ pub fn panel_fma(
     Ok(())
 }
 
-/// Whether a panel of `panel_len` elements and accumulators of `acc_len` cover tokens `xs`
-/// over steps `k0..k1`.
-fn panel_args_ok(xs: &[&[f32]], k0: usize, k1: usize, panel_len: usize, acc_len: usize) -> bool {
-    k0 <= k1
-        && panel_len >= (k1 - k0) * PANEL
-        && acc_len >= xs.len() * PANEL
-        && xs.iter().all(|x| x.len() >= k1)
+/// Whether token rows `xs` reach step `k1` and a panel of `panel_len` elements holds steps
+/// `k0..k1` (`k0 ≤ k1`).
+fn steps_ok(xs: &[&[f32]], (k0, k1): (usize, usize), panel_len: usize) -> bool {
+    k0 <= k1 && panel_len >= (k1 - k0) * PANEL && xs.iter().all(|x| x.len() >= k1)
 }
 
 /// Continues `acc[t·32 + r]` over `k0..k1` straight from up to [`DIRECT`] weight rows (the
@@ -460,10 +457,8 @@ pub fn panel_fma_bf16(
     panels: &[&[bf16]],
     (acc, ld): (&mut [f32], usize),
 ) -> Result<(), KdaError> {
-    let steps_ok = k0 <= k1 && xs.iter().all(|x| x.len() >= k1);
-    if !steps_ok
-        || panels.iter().any(|p| p.len() < (k1 - k0) * PANEL)
-        || !group_acc_ok(xs.len(), panels.len(), (acc.len(), ld))
+    let shortest = panels.iter().map(|p| p.len()).min().unwrap_or(usize::MAX);
+    if !(steps_ok(xs, (k0, k1), shortest) && group_acc_ok(xs.len(), panels.len(), (acc.len(), ld)))
     {
         return bad("simd::panel_fma_bf16 arguments");
     }
