@@ -257,6 +257,17 @@ pub(crate) unsafe fn exp_in_place<S: Simd>(s: S, x: &mut [f32]) {
     let n = x.len();
     let p = x.as_mut_ptr();
     let mut i = 0;
+    // Groups of vectors in lockstep ([`Simd::exp_n`]), then one at a time.
+    while i + EXP_GROUP * S::LANES <= n {
+        let mut v = [s.splat(0.0); EXP_GROUP];
+        for (j, v) in v.iter_mut().enumerate() {
+            *v = s.load(p.add(i + j * S::LANES));
+        }
+        for (j, e) in s.exp_n(v).iter().enumerate() {
+            s.store(p.add(i + j * S::LANES), *e);
+        }
+        i += EXP_GROUP * S::LANES;
+    }
     while i + S::LANES <= n {
         s.store(p.add(i), s.exp(s.load(p.add(i))));
         i += S::LANES;
@@ -317,32 +328,88 @@ pub(crate) unsafe fn tame_rows<S: Simd>(s: S, t: &Tame) -> bool {
                 }
             }
         }
-        let mut d = 0;
-        while d < t.dim {
-            let n = (t.dim - d).min(S::LANES);
-            spill = tame_vector(s, t, (r, d, n), spill);
-            d += n;
-        }
+        spill = if r == 0 {
+            tame_row::<S, true>(s, t, r, spill)
+        } else {
+            tame_row::<S, false>(s, t, r, spill)
+        };
     }
     // A sum of squares: 0 only if every term is.
     s.reduce_sum(spill) == 0.0
 }
 
-/// Columns `d..d + n` of row `r` of [`tame_rows`]: the same operations, in the same order, as
-/// the reference's (`portable::tame_rows`), with the path's `exp`. Returns `spill` plus the
-/// squares of how far each `b_r − b_0` lies outside `±limit` (0 within; NaN stays NaN).
+/// Vectors whose exponents [`exp_in_place`] and [`tame_rows`] ([`tame_vectors`]) take in
+/// lockstep ([`Simd::exp_n`]): 1.4× faster for `tame_rows` on Zen 4 (AVX-512 and AVX2) than
+/// one vector at a time, 2 and 8 measured no better than 4.
+const EXP_GROUP: usize = 4;
+
+/// Row `r` of [`tame_rows`] (`FIRST`: `r == 0`): groups of [`EXP_GROUP`] whole vectors, then
+/// single whole vectors, then the tail, each instantiated on its own so that none carries
+/// another's branches.
 #[inline(always)]
-unsafe fn tame_vector<S: Simd>(
+unsafe fn tame_row<S: Simd, const FIRST: bool>(s: S, t: &Tame, r: usize, spill: S::F) -> S::F {
+    let (mut spill, mut d, l) = (spill, 0, S::LANES);
+    while d + EXP_GROUP * l <= t.dim {
+        spill = tame_vectors::<S, FIRST, EXP_GROUP>(s, t, (r, d, l), spill);
+        d += EXP_GROUP * l;
+    }
+    while d + l <= t.dim {
+        spill = tame_vectors::<S, FIRST, 1>(s, t, (r, d, l), spill);
+        d += l;
+    }
+    if d < t.dim {
+        spill = tame_vectors::<S, FIRST, 1>(s, t, (r, d, t.dim - d), spill);
+    }
+    spill
+}
+
+/// `W` vectors of row `r` of [`tame_rows`] from column `d` (the last one `n` lanes, the others
+/// whole): the same operations, in the same order, as the reference's (`portable::tame_rows`),
+/// with the path's `exp`. Each vector's steps are its own; only their order in the code is
+/// interleaved (the exponents in lockstep), so that the vectors' long dependency chains
+/// overlap. Returns `spill` plus the squares of how far each `b_r − b_0` lies outside
+/// `±limit` (0 within; NaN stays NaN).
+#[inline(always)]
+unsafe fn tame_vectors<S: Simd, const FIRST: bool, const W: usize>(
     s: S,
     t: &Tame,
     (r, d, n): (usize, usize, usize),
     spill: S::F,
 ) -> S::F {
+    let l = S::LANES;
+    let lanes = |i: usize| if i + 1 == W { n } else { l };
+    let (mut diff, mut first) = ([s.splat(0.0); W], [s.splat(0.0); W]);
+    let mut spill = spill;
+    for i in 0..W {
+        let (di, fi, out) = tame_diff::<S, FIRST>(s, t, (r, d + i * l, lanes(i)));
+        (diff[i], first[i]) = (di, fi);
+        spill = s.mul_add(out, out, spill);
+    }
+    if FIRST {
+        first = s.exp_n(first);
+        for (i, &f) in first.iter().enumerate() {
+            store_upto(s, t.first.add(d + i * l), lanes(i), f);
+        }
+    }
+    let f = s.exp_n(diff);
+    for i in 0..W {
+        tame_outputs(s, t, (r, d + i * l, lanes(i)), f[i], first[i]);
+    }
+    spill
+}
+
+/// Step 1 of [`tame_vectors`] for columns `d..d + n`: stores the running sums `b_r` and
+/// returns `b_r − b_0`, `e^{b_0}` (in row 0 `g_0` itself, for the caller to exponentiate) and
+/// how far `b_r − b_0` lies outside `±limit`.
+#[inline(always)]
+unsafe fn tame_diff<S: Simd, const FIRST: bool>(
+    s: S,
+    t: &Tame,
+    (r, d, n): (usize, usize, usize),
+) -> (S::F, S::F, S::F) {
     let g0 = load_upto(s, t.g.p.add(d), n);
-    let (hi, lo, first) = if r == 0 {
-        let first = s.exp(g0);
-        store_upto(s, t.first.add(d), n, first);
-        (g0, s.splat(0.0), first)
+    let (hi, lo, first) = if FIRST {
+        (g0, s.splat(0.0), g0)
     } else {
         // TwoSum: `hi + lo` is the compensated running sum.
         let x = load_upto(s, t.g.p.add(r * t.g.stride + d), n);
@@ -356,8 +423,19 @@ unsafe fn tame_vector<S: Simd>(
     store_upto(s, t.lo.add(d), n, lo);
     // b_r − b_0 (b_0's low part is 0).
     let diff = s.add(s.sub(hi, g0), lo);
-    let out = s.sub(diff, s.clamp(diff, -t.limit, t.limit));
-    let f = s.exp(diff);
+    (diff, first, s.sub(diff, s.clamp(diff, -t.limit, t.limit)))
+}
+
+/// Step 2 of [`tame_vectors`] for columns `d..d + n`, given `f = e^{b_r − b_0}` and
+/// `first = e^{b_0}`: the five factor rows (and the last row's `f`).
+#[inline(always)]
+unsafe fn tame_outputs<S: Simd>(
+    s: S,
+    t: &Tame,
+    (r, d, n): (usize, usize, usize),
+    f: S::F,
+    first: S::F,
+) {
     if r + 1 == t.rows {
         store_upto(s, t.last.add(d), n, f);
     }
@@ -375,7 +453,6 @@ unsafe fn tame_vector<S: Simd>(
         s.mul(s.mul(s.splat(t.scale), first), qf),
     );
     store_upto(s, t.kd.add(at), n, s.mul(first, kf));
-    s.mul_add(out, out, spill)
 }
 
 /// A function applied lane by lane ([`map_in_place`]). A trait rather than a closure: a

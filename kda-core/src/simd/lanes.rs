@@ -110,4 +110,8 @@ impl<const N: usize> Simd for Lanes<N> {
     fn exp(self, x: [f32; N]) -> [f32; N] {
         Self::map(x, libm::expf)
     }
+    #[inline(always)]
+    fn exp_n<const W: usize>(self, x: [[f32; N]; W]) -> [[f32; N]; W] {
+        x.map(|v| self.exp(v))
+    }
 }

@@ -180,6 +180,12 @@ pub(crate) trait Simd: Copy {
     fn exp(self, x: Self::F) -> Self::F {
         exp_poly(self, x)
     }
+
+    /// [`Simd::exp`] of `W` vectors (the ISAs: [`exp_poly_n`], interleaved).
+    #[inline(always)]
+    fn exp_n<const W: usize>(self, x: [Self::F; W]) -> [Self::F; W] {
+        exp_poly_n(self, x)
+    }
 }
 
 /// [`Simd::round_pairs`] one pair at a time, for `lanes` pairs.
@@ -326,12 +332,25 @@ pub(crate) unsafe fn column<S: Simd, W: Elem>(s: S, rows: &[*const W], k: usize)
 /// below −87.5 the result is flushed to 0; NaN stays NaN.
 #[inline(always)]
 pub(crate) fn exp_poly<S: Simd>(s: S, x: S::F) -> S::F {
-    let xc = s.clamp(x, -88.0, 88.0);
-    let n = s.round(s.mul(xc, s.splat(core::f32::consts::LOG2_E)));
-    // r = x − n·ln2 in two steps (ln2 split into a short head and a tail).
-    let r = s.mul_add(n, s.splat(-0.693_359_4), xc);
-    let r = s.mul_add(n, s.splat(2.121_944_4e-4), r);
-    let mut p = s.splat(1.987_569_1e-4);
+    exp_poly_n(s, [x])[0]
+}
+
+/// [`exp_poly`] of `W` vectors, step by step in lockstep (each vector's bits as
+/// [`exp_poly`]'s): written interleaved, so that the vectors' dependency chains (about 15
+/// operations deep) overlap in the out-of-order core instead of filling its scheduler with one.
+#[inline(always)]
+pub(crate) fn exp_poly_n<S: Simd, const W: usize>(s: S, x: [S::F; W]) -> [S::F; W] {
+    let (mut n, mut r) = (x, x);
+    for i in 0..W {
+        let xc = s.clamp(x[i], -88.0, 88.0);
+        n[i] = s.round(s.mul(xc, s.splat(core::f32::consts::LOG2_E)));
+        // r = x − n·ln2 in two steps (ln2 split into a short head and a tail).
+        r[i] = s.mul_add(n[i], s.splat(-0.693_359_4), xc);
+    }
+    for i in 0..W {
+        r[i] = s.mul_add(n[i], s.splat(2.121_944_4e-4), r[i]);
+    }
+    let mut p = [s.splat(1.987_569_1e-4); W];
     for c in [
         1.398_199_9e-3,
         8.333_452e-3,
@@ -339,9 +358,15 @@ pub(crate) fn exp_poly<S: Simd>(s: S, x: S::F) -> S::F {
         1.666_666_5e-1,
         0.5,
     ] {
-        p = s.mul_add(p, r, s.splat(c));
+        for i in 0..W {
+            p[i] = s.mul_add(p[i], r[i], s.splat(c));
+        }
     }
-    let r2 = s.mul(r, r);
-    let p = s.mul_add(p, r2, s.add(r, s.splat(1.0)));
-    s.zero_below(x, -87.5, s.mul(p, s.pow2i(n)))
+    let mut out = x;
+    for i in 0..W {
+        let r2 = s.mul(r[i], r[i]);
+        let pi = s.mul_add(p[i], r2, s.add(r[i], s.splat(1.0)));
+        out[i] = s.zero_below(x[i], -87.5, s.mul(pi, s.pow2i(n[i])));
+    }
+    out
 }
