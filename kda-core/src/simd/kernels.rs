@@ -251,14 +251,13 @@ unsafe fn write_read_cols<S: Simd, const G: usize>(
     }
 }
 
-/// `x[i] = e^{x[i]}`.
+/// `x[i] = e^{x[i]}`: groups of [`EXP_GROUP`] vectors in lockstep ([`Simd::exp_n`]), then the
+/// rest through [`map_in_place`].
 #[inline(always)]
 pub(crate) unsafe fn exp_in_place<S: Simd>(s: S, x: &mut [f32]) {
-    let n = x.len();
-    let p = x.as_mut_ptr();
+    let (p, step) = (x.as_mut_ptr(), EXP_GROUP * S::LANES);
     let mut i = 0;
-    // Groups of vectors in lockstep ([`Simd::exp_n`]), then one at a time.
-    while i + EXP_GROUP * S::LANES <= n {
+    while i + step <= x.len() {
         let mut v = [s.splat(0.0); EXP_GROUP];
         for (j, v) in v.iter_mut().enumerate() {
             *v = s.load(p.add(i + j * S::LANES));
@@ -266,15 +265,18 @@ pub(crate) unsafe fn exp_in_place<S: Simd>(s: S, x: &mut [f32]) {
         for (j, e) in s.exp_n(v).iter().enumerate() {
             s.store(p.add(i + j * S::LANES), *e);
         }
-        i += EXP_GROUP * S::LANES;
+        i += step;
     }
-    while i + S::LANES <= n {
-        s.store(p.add(i), s.exp(s.load(p.add(i))));
-        i += S::LANES;
-    }
-    if i < n {
-        let r = n - i;
-        s.store_partial(p.add(i), r, s.exp(s.load_partial(p.add(i), r)));
+    map_in_place(s, &mut x[i..], &Exp);
+}
+
+/// `e^x` ([`Simd::exp`]) as a [`LaneMap`].
+struct Exp;
+
+impl<S: Simd> LaneMap<S> for Exp {
+    #[inline(always)]
+    fn apply(&self, s: S, v: S::F) -> S::F {
+        s.exp(v)
     }
 }
 
@@ -343,9 +345,8 @@ pub(crate) unsafe fn tame_rows<S: Simd>(s: S, t: &Tame) -> bool {
 /// one vector at a time, 2 and 8 measured no better than 4.
 const EXP_GROUP: usize = 4;
 
-/// Row `r` of [`tame_rows`] (`FIRST`: `r == 0`): groups of [`EXP_GROUP`] whole vectors, then
-/// single whole vectors, then the tail, each instantiated on its own so that none carries
-/// another's branches.
+/// Row `r` of [`tame_rows`] (`FIRST`: `r == 0`, its own instantiation): groups of
+/// [`EXP_GROUP`] whole vectors (no branch per load or store), then one vector at a time.
 #[inline(always)]
 unsafe fn tame_row<S: Simd, const FIRST: bool>(s: S, t: &Tame, r: usize, spill: S::F) -> S::F {
     let (mut spill, mut d, l) = (spill, 0, S::LANES);
@@ -353,12 +354,10 @@ unsafe fn tame_row<S: Simd, const FIRST: bool>(s: S, t: &Tame, r: usize, spill: 
         spill = tame_vectors::<S, FIRST, EXP_GROUP>(s, t, (r, d, l), spill);
         d += EXP_GROUP * l;
     }
-    while d + l <= t.dim {
-        spill = tame_vectors::<S, FIRST, 1>(s, t, (r, d, l), spill);
-        d += l;
-    }
-    if d < t.dim {
-        spill = tame_vectors::<S, FIRST, 1>(s, t, (r, d, t.dim - d), spill);
+    while d < t.dim {
+        let n = (t.dim - d).min(l);
+        spill = tame_vectors::<S, FIRST, 1>(s, t, (r, d, n), spill);
+        d += n;
     }
     spill
 }
