@@ -9,7 +9,7 @@
 //!   every weight once, plus each sequence's recurrent and conv states read and written.
 //! * The bandwidth reference is the best of a few passes of a large `memcpy` (read + write bytes
 //!   counted) and, for reads, the best of several read patterns (1/4/8 streams, with and
-//!   without prefetch, the widest loads of the detected ISA, and plain loops), on as many
+//!   without prefetch, the widest loads of the ISA benchmarked, and plain loops), on as many
 //!   threads as the benchmark uses.
 //! * Decode is also compared with passes of that best read pattern run between its steps
 //!   (about 16 in all), step by step and pass by pass: a shared machine's speed moves within
@@ -20,7 +20,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use kda_core::{
-    DecayGate, ForwardOptions, GateProj, InitialCaches, KdaConfig, KdaLayer, Mode, Precision,
+    DecayGate, ForwardOptions, GateProj, InitialCaches, Isa, KdaConfig, KdaLayer, Mode, Precision,
 };
 use rayon::prelude::*;
 
@@ -103,6 +103,10 @@ pub struct BenchOptions {
     pub panels: bool,
     /// The projections' arithmetic ([`Precision::Bf16`] needs `panels`).
     pub precision: Precision,
+    /// The kernel path; `None` picks the fastest this CPU supports. The FMA peak and the
+    /// read reference run on the same path, so a slower path is measured against its own
+    /// limits (an AVX-512 machine times the AVX2 kernels against its 256-bit peak).
+    pub isa: Option<Isa>,
 }
 
 /// Measured memory bandwidth, GB/s (1e9 bytes/s).
@@ -123,7 +127,7 @@ pub struct ReadPattern {
     pub streams: usize,
     /// Software prefetch ahead of each stream.
     pub prefetch: bool,
-    /// The widest vector loads of the detected ISA (kda-core's probe), or a plain integer
+    /// The widest vector loads of the ISA benchmarked (kda-core's probe), or a plain integer
     /// loop the compiler vectorises (512-byte pieces).
     pub vector: bool,
 }
@@ -145,7 +149,7 @@ impl ReadPattern {
     }
 }
 
-/// The read patterns tried: 1, 4 and 8 streams with the widest loads of the detected ISA,
+/// The read patterns tried: 1, 4 and 8 streams with the widest loads of the ISA benchmarked,
 /// with and without software prefetch, and 1 and 8 streams of a plain loop. The reference is
 /// the best of them, so a kernel's "% of read bandwidth" is measured against the strongest
 /// loop we have.
@@ -204,13 +208,13 @@ pub struct ReadProbe {
     src: Vec<f32>,
     parallel: bool,
     chunk: usize,
-    isa: kda_core::Isa,
+    isa: Isa,
 }
 
 impl ReadProbe {
     /// A buffer of `bytes` (at least 256 KiB), every page faulted in; passes run on the current
-    /// rayon pool's threads when `parallel`.
-    pub fn new(bytes: usize, parallel: bool) -> Result<Self> {
+    /// rayon pool's threads when `parallel`, with `isa`'s widest loads.
+    pub fn new(bytes: usize, parallel: bool, isa: Isa) -> Result<Self> {
         let n = (bytes / 4).max(1 << 16);
         let mut src = crate::error::try_zeroed::<f32>(n, "the bandwidth buffer")?;
         src.fill(1.0);
@@ -219,7 +223,7 @@ impl ReadProbe {
             src,
             parallel,
             chunk,
-            isa: kda_core::Isa::detect(),
+            isa,
         })
     }
 
@@ -251,8 +255,8 @@ impl ReadProbe {
 /// Measures memory bandwidth over buffers of `bytes` (best of a few passes), on the current
 /// rayon pool's threads when `parallel`. Returns the read buffer too, for passes of the best
 /// pattern later in the run ([`ReadProbe::pass`]).
-pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<(Bandwidth, ReadProbe)> {
-    let probe = ReadProbe::new(bytes, parallel)?;
+pub fn measure_bandwidth(bytes: usize, parallel: bool, isa: Isa) -> Result<(Bandwidth, ReadProbe)> {
+    let probe = ReadProbe::new(bytes, parallel, isa)?;
     let src = &probe.src;
     let mut dst = crate::error::try_zeroed::<f32>(src.len(), "the bandwidth buffer")?;
     dst.copy_from_slice(src); // fault every page in
@@ -292,9 +296,8 @@ pub fn measure_bandwidth(bytes: usize, parallel: bool) -> Result<(Bandwidth, Rea
 }
 
 /// The single-core f32 FMA peak in GFLOP/s (2 per FMA), best of five ~20 ms runs with the
-/// widest vectors of the detected ISA.
-pub fn measure_fma_peak() -> f64 {
-    let isa = kda_core::Isa::detect();
+/// widest vectors of `isa`.
+pub fn measure_fma_peak(isa: Isa) -> f64 {
     (0..5)
         .map(|_| {
             let t = Instant::now();
@@ -423,7 +426,15 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         "the prefill slice (--batch sequences × up to 256 tokens × hidden)",
     )?;
     let caches = SequenceCaches::try_new(&cfg, opts.batch)?;
-    let (bw, probe) = measure_bandwidth(256 << 20, opts.threads > 1)?;
+    let isa = opts.isa.unwrap_or_else(Isa::detect);
+    if !isa.is_supported() {
+        return Err(HostError::Invalid(format!(
+            "--isa {}: this CPU lacks {}",
+            isa.name(),
+            isa.feature()
+        )));
+    }
+    let (bw, probe) = measure_bandwidth(256 << 20, opts.threads > 1, isa)?;
     let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
     let base = layer.weights()?;
     let panels = if opts.panels {
@@ -436,19 +447,22 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     } else {
         base
     };
-    report_setup(out, opts, &layer, &bw)?;
+    report_setup(out, opts, isa, &layer, &bw)?;
     let mut bench = Bench {
         opts,
         layer: KdaLayer::new(
             &cfg,
             wts,
-            ForwardOptions::default().with_precision(opts.precision),
+            ForwardOptions {
+                isa: Some(isa),
+                ..ForwardOptions::default().with_precision(opts.precision)
+            },
         )?,
         runner: Runner::default(),
         caches,
         rng: Rng::new(opts.seed ^ 0xbe9c),
     };
-    let peak = measure_fma_peak();
+    let peak = measure_fma_peak(isa);
     let mut runs = Vec::with_capacity(opts.prefill_runs.max(1));
     let mut sum_sq = 0.0;
     for _ in 0..opts.prefill_runs.max(1) {
@@ -462,7 +476,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         out,
         format!(
             "prefill vs the FMA peak measured now ({peak:.1} GFLOP/s per core, {} loads, x {} thread(s)): {:.0}%",
-            kda_core::Isa::detect().name(),
+            isa.name(),
             opts.threads,
             100.0 * gflops / (peak * opts.threads as f64)
         ),
@@ -584,6 +598,7 @@ fn median_min(x: &[f64]) -> (f64, f64) {
 fn report_setup(
     out: &mut dyn Write,
     opts: &BenchOptions,
+    isa: Isa,
     layer: &OwnedLayer,
     bw: &Bandwidth,
 ) -> Result<()> {
@@ -597,7 +612,7 @@ fn report_setup(
             if opts.panels { "panel" } else { "row-major" },
             opts.batch,
             opts.threads,
-            kda_core::Isa::detect().name(),
+            isa.name(),
             opts.precision.name()
         ),
     )?;
@@ -612,7 +627,7 @@ fn report_setup(
             bw.read_pattern.streams,
             if bw.read_pattern.prefetch { " + prefetch" } else { "" },
             if bw.read_pattern.vector {
-                kda_core::Isa::detect().name()
+                isa.name()
             } else {
                 "plain-loop"
             }
@@ -714,11 +729,13 @@ mod tests {
 
     #[test]
     fn read_probe_passes_every_pattern() {
-        let probe = ReadProbe::new(1 << 20, false).unwrap();
-        assert_eq!(probe.bytes(), (1 << 20) as f64);
-        for p in READ_PATTERNS {
-            let s = probe.pass(p);
-            assert!(s > 0.0 && s < 10.0, "{p:?}: {s} s");
+        for isa in Isa::all_supported() {
+            let probe = ReadProbe::new(1 << 20, false, isa).unwrap();
+            assert_eq!(probe.bytes(), (1 << 20) as f64);
+            for p in READ_PATTERNS {
+                let s = probe.pass(p);
+                assert!(s > 0.0 && s < 10.0, "{isa:?} {p:?}: {s} s");
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::bench::Preset;
-use kda_core::{Mode, Precision};
+use kda_core::{Isa, Mode, Precision};
 
 /// The command line of `kda`.
 #[derive(Debug, Parser)]
@@ -164,7 +164,42 @@ pub enum Command {
         /// `--layout panels`).
         #[arg(long, value_enum, default_value_t = Precision::Exact)]
         precision: Precision,
+        /// Kernel path: `auto` (the fastest this CPU supports) or one this CPU has, e.g.
+        /// `avx2` on an AVX-512 machine; the FMA peak and the read reference use it too.
+        #[arg(long, value_enum, default_value_t = IsaArg::Auto)]
+        isa: IsaArg,
     },
+}
+
+/// `--isa` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IsaArg {
+    /// The fastest path this CPU supports.
+    Auto,
+    /// Plain Rust, no vector intrinsics.
+    Portable,
+    /// x86-64 AVX2 + FMA.
+    Avx2,
+    /// x86-64 AVX-512F.
+    Avx512f,
+    /// x86-64 AVX-512F with avx512_bf16.
+    Avx512bf16,
+    /// aarch64 NEON.
+    Neon,
+}
+
+impl IsaArg {
+    /// The path asked for (`None` for `auto`).
+    pub fn isa(self) -> Option<Isa> {
+        match self {
+            IsaArg::Auto => None,
+            IsaArg::Portable => Some(Isa::Portable),
+            IsaArg::Avx2 => Some(Isa::Avx2Fma),
+            IsaArg::Avx512f => Some(Isa::Avx512F),
+            IsaArg::Avx512bf16 => Some(Isa::Avx512Bf16),
+            IsaArg::Neon => Some(Isa::Neon),
+        }
+    }
 }
 
 /// `--layout` values.
@@ -232,10 +267,18 @@ impl Cli {
                 prompt,
                 steps,
                 batch,
+                isa,
                 ..
             } => {
                 if *batch == 0 {
                     return Err("--batch: must be at least 1".into());
+                }
+                if let Some(isa) = isa.isa().filter(|i| !i.is_supported()) {
+                    return Err(format!(
+                        "--isa {}: this CPU lacks {}",
+                        isa.name(),
+                        isa.feature()
+                    ));
                 }
                 let hidden = Preset::from(*preset).config().hidden;
                 check_tokens(*prompt, *batch, hidden)?;

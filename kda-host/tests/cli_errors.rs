@@ -580,4 +580,39 @@ fn bad_options_and_outputs() {
     );
     kda_err(&[], &["command"]);
     kda_err(&["frobnicate"], &["frobnicate"]);
+    kda_err(&["bench", "--isa", "sse9"], &["--isa", "sse9"]);
+    // A path this CPU lacks is refused before anything is measured.
+    let lacking = if cfg!(target_arch = "x86_64") {
+        "neon"
+    } else {
+        "avx2"
+    };
+    kda_err(&["bench", "--isa", lacking], &["--isa", lacking, "lacks"]);
+}
+
+/// `kda bench --isa` runs the layer, the FMA peak and the read reference on the path asked for
+/// (the portable one runs everywhere), and says so.
+#[test]
+fn bench_runs_on_the_isa_asked_for() {
+    let out = kda_ok(&[
+        "bench",
+        "--isa",
+        "portable",
+        "--prompt",
+        "8",
+        "--steps",
+        "2",
+        "--prefill-runs",
+        "1",
+        "--threads",
+        "1",
+    ]);
+    for want in [
+        "ISA portable,",
+        "(best of 8 patterns:",
+        "GFLOP/s per core, portable loads",
+        "decode: 2 steps",
+    ] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
 }

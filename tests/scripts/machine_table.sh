@@ -16,7 +16,8 @@
 #   target ≥ 92 %; also step by step against read passes run between the steps, the
 #   "decode vs read passes interleaved" line), Kimi K3 decode batch 16 (GFLOP/s vs peak);
 #   on a CPU with avx512_bf16 the
-#   same prefill and decode cases in the bf16 precision mode (--precision bf16);
+#   same prefill and decode cases in the bf16 precision mode (--precision bf16); on a CPU with
+#   avx512f, the prefill on the AVX2 path too (--isa avx2, against the 256-bit FMA peak);
 # * with --python PY (a Python that imports torch and fla-core, e.g. kda-py's CI venv under
 #   ~/.cache/kda-py): tests/scripts/bench_torch.py at 1 and 2 threads in every round (the side
 #   by side: prefill ≥ 2× torch's f32 layer, K3 decode ≥ 1.1× torch's bf16 layer), and, once at
@@ -100,6 +101,12 @@ for r in $(seq 1 "$ROUNDS"); do
         run_case "bf16 mode: Kimi K3 decode, batch 16, 1 thread" "$r" --preset kimi-k3 --prompt 16 --steps 16 --batch 16 --threads 1 --precision bf16
     elif [ "$r" = 1 ]; then
         echo "skipped: bf16 mode cases (no avx512_bf16; the mode runs emulated here, slower than exact)"
+    fi
+    if grep -q -w avx512f /proc/cpuinfo; then
+        # The AVX2 kernels on an AVX-512 machine, against the 256-bit FMA peak: a slowdown of
+        # the AVX2 path shows here too, not only on AVX2-only machines (the twelfth session's
+        # prefill GEMM ran at 40 % of the AVX2 peak unnoticed until an AVX2 machine came back).
+        run_case "AVX2 path: Kimi Linear prefill T=1024, 1 thread" "$r" --preset kimi-linear --prompt 1024 --steps 8 --threads 1 --isa avx2
     fi
     if [ "$TORCH" = 1 ]; then
         for t in 1 2; do

@@ -71,6 +71,7 @@ impl Simd for Avx2 {
     const GEMM_VECS: usize = 2;
     const DECODE_ROWS: usize = 8;
     const REGISTERS: usize = 16;
+    const BF16_PARITY: bool = true;
 
     #[inline(always)]
     fn splat(self, x: f32) -> __m256 {
@@ -158,6 +159,37 @@ impl Simd for Avx2 {
             W::load(self, r(6)),
             W::load(self, r(7)),
         ])
+    }
+    #[inline(always)]
+    unsafe fn load_bf16_parity(self, p: *const bf16) -> (__m256, __m256) {
+        let w = _mm256_loadu_si256(p as *const __m256i);
+        (
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w)),
+            _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(-0x1_0000))),
+        )
+    }
+    #[inline(always)]
+    fn deinterleave(self, a: __m256, b: __m256) -> (__m256, __m256) {
+        // Per 128-bit lane: a0 a2 b0 b2 | a4 a6 b4 b6; the 64-bit permute puts them in order.
+        unsafe {
+            let even = _mm256_shuffle_ps::<0x88>(a, b);
+            let odd = _mm256_shuffle_ps::<0xDD>(a, b);
+            (
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(even))),
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(odd))),
+            )
+        }
+    }
+    #[inline(always)]
+    fn interleave(self, even: __m256, odd: __m256) -> (__m256, __m256) {
+        unsafe {
+            let lo = _mm256_unpacklo_ps(even, odd);
+            let hi = _mm256_unpackhi_ps(even, odd);
+            (
+                _mm256_permute2f128_ps::<0x20>(lo, hi),
+                _mm256_permute2f128_ps::<0x31>(lo, hi),
+            )
+        }
     }
     split_pair_ops!(__m256);
     #[inline(always)]

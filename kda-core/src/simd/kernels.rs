@@ -813,16 +813,32 @@ unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize>(
     panel: *const W,
     (acc, ld): (*mut f32, usize),
 ) {
+    // By parity (see `Simd::BF16_PARITY`): vectors `v`, `v + 1` hold the even and the odd
+    // outputs of the 2·LANES from `v·LANES`; each output keeps its own chain, in order.
+    let parity = W::BF16 && S::BF16_PARITY && VP.is_multiple_of(2);
     let mut a = [[s.splat(0.0); VP]; MT];
     for (t, a) in a.iter_mut().enumerate() {
         for (v, a) in a.iter_mut().enumerate() {
             *a = s.load(acc.add(t * ld + v * S::LANES));
         }
+        if parity {
+            for v in (0..VP).step_by(2) {
+                (a[v], a[v + 1]) = s.deinterleave(a[v], a[v + 1]);
+            }
+        }
     }
     for p in 0..kc {
         let mut b = [s.splat(0.0); VP];
-        for (v, b) in b.iter_mut().enumerate() {
-            *b = W::load(s, panel.add(p * PANEL + v * S::LANES));
+        if parity {
+            // `W` is bf16 here (`W::BF16`).
+            let row = panel.add(p * PANEL) as *const bf16;
+            for v in (0..VP).step_by(2) {
+                (b[v], b[v + 1]) = s.load_bf16_parity(row.add(v * S::LANES));
+            }
+        } else {
+            for (v, b) in b.iter_mut().enumerate() {
+                *b = W::load(s, panel.add(p * PANEL + v * S::LANES));
+            }
         }
         for (t, a) in a.iter_mut().enumerate() {
             let xv = s.broadcast(x[t].add(p));
@@ -831,7 +847,12 @@ unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize>(
             }
         }
     }
-    for (t, a) in a.iter().enumerate() {
+    for (t, a) in a.iter_mut().enumerate() {
+        if parity {
+            for v in (0..VP).step_by(2) {
+                (a[v], a[v + 1]) = s.interleave(a[v], a[v + 1]);
+            }
+        }
         for (v, a) in a.iter().enumerate() {
             s.store(acc.add(t * ld + v * S::LANES), *a);
         }

@@ -1259,9 +1259,10 @@ mod tests {
         out
     }
 
-    /// `mul_add_lane::<J>` is `mul_add` with lane `J` splatted, and `load_bf16_pair` is two
-    /// `load_bf16`, bit for bit (NaN matching NaN); `wide` holds at least `LANES` bf16 (a
-    /// pair is read only where it holds `2·LANES`).
+    /// `mul_add_lane::<J>` is `mul_add` with lane `J` splatted, `load_bf16_pair` is two
+    /// `load_bf16`, `load_bf16_parity` and `deinterleave` give the even and the odd elements,
+    /// and `interleave` undoes `deinterleave`, bit for bit (NaN matching NaN); `wide` holds at
+    /// least `LANES` bf16 (pairs are read only where it holds `2·LANES`).
     ///
     /// # Safety
     /// `S`'s instruction set is available.
@@ -1296,6 +1297,21 @@ mod tests {
             let (lo, hi) = s.load_bf16_pair(wide.as_ptr());
             same(lo, s.load_bf16(wide.as_ptr()), "bf16 pair, first");
             same(hi, s.load_bf16(wide[l..].as_ptr()), "bf16 pair, second");
+            let widened: Vec<f32> = wide[..2 * l].iter().map(|&w| w.to_f32()).collect();
+            let split = |parity: usize| {
+                let v: Vec<f32> = widened.iter().skip(parity).step_by(2).copied().collect();
+                s.load(v.as_ptr())
+            };
+            let (even, odd) = s.load_bf16_parity(wide.as_ptr());
+            same(even, split(0), "bf16 parity, even");
+            same(odd, split(1), "bf16 parity, odd");
+            let (even, odd) =
+                s.deinterleave(s.load(widened.as_ptr()), s.load(widened[l..].as_ptr()));
+            same(even, split(0), "deinterleave, even");
+            same(odd, split(1), "deinterleave, odd");
+            let (first, second) = s.interleave(even, odd);
+            same(first, s.load(widened.as_ptr()), "interleave, first");
+            same(second, s.load(widened[l..].as_ptr()), "interleave, second");
         }
     }
 

@@ -45,6 +45,10 @@ pub(crate) trait Simd: Copy {
     /// `LANES == 4`). Kernels that multiply by one scalar at a time then load four scalars as
     /// one vector and use its lanes, instead of broadcasting each scalar from memory.
     const LANE_FMA: bool = false;
+    /// Whether the packed GEMM reads a bf16 panel row by parity ([`Simd::load_bf16_parity`],
+    /// its accumulators split the same way): fewer operations per widened vector where
+    /// widening in order takes a shuffle and a shift per vector (AVX2).
+    const BF16_PARITY: bool = false;
 
     /// `x` in every lane.
     fn splat(self, x: f32) -> Self::F;
@@ -109,6 +113,56 @@ pub(crate) trait Simd: Copy {
     #[inline(always)]
     unsafe fn load_bf16_pair(self, p: *const bf16) -> (Self::F, Self::F) {
         (self.load_bf16(p), self.load_bf16(p.add(Self::LANES)))
+    }
+    /// `2·LANES` bf16 at `p`, widened and split by parity: (elements 0, 2, 4, …; elements 1, 3,
+    /// 5, …). AVX2: one load, then a shift for the even elements (the low halves of 32-bit
+    /// words) and a mask for the odd ones.
+    ///
+    /// # Safety
+    /// `p` is valid for reading `2·LANES` bf16.
+    #[inline(always)]
+    unsafe fn load_bf16_parity(self, p: *const bf16) -> (Self::F, Self::F) {
+        let (mut even, mut odd) = ([0.0f32; MAX_LANES], [0.0f32; MAX_LANES]);
+        for i in 0..Self::LANES {
+            even[i] = crate::math::bf16_to_f32(*p.add(2 * i));
+            odd[i] = crate::math::bf16_to_f32(*p.add(2 * i + 1));
+        }
+        (self.load(even.as_ptr()), self.load(odd.as_ptr()))
+    }
+    /// `2·LANES` f32 in order (`a`, then `b`) split by parity, as [`Simd::load_bf16_parity`]
+    /// splits bf16.
+    #[inline(always)]
+    fn deinterleave(self, a: Self::F, b: Self::F) -> (Self::F, Self::F) {
+        let mut x = [0.0f32; 2 * MAX_LANES];
+        // SAFETY: `x` holds 2·MAX_LANES ≥ 2·LANES f32.
+        unsafe {
+            self.store(x.as_mut_ptr(), a);
+            self.store(x.as_mut_ptr().add(Self::LANES), b);
+        }
+        let (mut even, mut odd) = ([0.0f32; MAX_LANES], [0.0f32; MAX_LANES]);
+        for i in 0..Self::LANES {
+            (even[i], odd[i]) = (x[2 * i], x[2 * i + 1]);
+        }
+        // SAFETY: `even` and `odd` hold MAX_LANES ≥ LANES f32.
+        unsafe { (self.load(even.as_ptr()), self.load(odd.as_ptr())) }
+    }
+    /// The inverse of [`Simd::deinterleave`]: the even and odd elements back in order.
+    #[inline(always)]
+    fn interleave(self, even: Self::F, odd: Self::F) -> (Self::F, Self::F) {
+        let (mut e, mut o) = ([0.0f32; MAX_LANES], [0.0f32; MAX_LANES]);
+        let mut x = [0.0f32; 2 * MAX_LANES];
+        // SAFETY: every buffer holds at least LANES (`x` 2·LANES) f32.
+        unsafe {
+            self.store(e.as_mut_ptr(), even);
+            self.store(o.as_mut_ptr(), odd);
+            for i in 0..Self::LANES {
+                (x[2 * i], x[2 * i + 1]) = (e[i], o[i]);
+            }
+            (
+                self.load(x.as_ptr()),
+                self.load(x.as_ptr().add(Self::LANES)),
+            )
+        }
     }
     /// `*p` in every lane.
     ///
@@ -283,6 +337,9 @@ pub(crate) const MAX_LANES: usize = 16;
 
 /// A weight element type: f32, or bf16 widened to f32 as it is loaded.
 pub(crate) trait Elem: Copy {
+    /// Whether the element is bf16 (the kernels may then read it by parity, see
+    /// [`Simd::load_bf16_parity`]).
+    const BF16: bool = false;
     /// `LANES` elements at `p`, as f32.
     ///
     /// # Safety
@@ -304,6 +361,7 @@ impl Elem for f32 {
 }
 
 impl Elem for bf16 {
+    const BF16: bool = true;
     #[inline(always)]
     unsafe fn load<S: Simd>(s: S, p: *const bf16) -> S::F {
         s.load_bf16(p)

@@ -440,6 +440,7 @@ fn run(cli: Cli) -> Result<(), HostError> {
             threads,
             layout,
             precision,
+            isa,
         } => {
             let pool = thread_pool(threads)?;
             let opts = BenchOptions {
@@ -453,6 +454,7 @@ fn run(cli: Cli) -> Result<(), HostError> {
                 progress: true,
                 panels: layout == LayoutArg::Panels,
                 precision,
+                isa: isa.isa(),
             };
             pool.install(|| bench::run(&opts, &mut std::io::stdout()))
         }
