@@ -805,6 +805,9 @@ const MAX_PER_PANEL: usize = 4;
 /// [`MAX_PER_PANEL`] vectors of which the first `16 / LANES` are used: with the longer array
 /// LLVM kept one AVX2 accumulator on the stack (a load and a store around its multiply-add in
 /// every step), and the AVX2 prefill GEMM ran at 40 % of the FMA peak instead of about 90 %.
+/// On [`Simd::BF16_PARITY`] paths a bf16 panel is read by parity: vectors `v`, `v + 1` then
+/// hold the even and the odd outputs of the `2·LANES` from `v·LANES`, each output still one
+/// chain in order.
 #[inline(always)]
 unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize>(
     s: S,
@@ -813,33 +816,13 @@ unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize>(
     panel: *const W,
     (acc, ld): (*mut f32, usize),
 ) {
-    // By parity (see `Simd::BF16_PARITY`): vectors `v`, `v + 1` hold the even and the odd
-    // outputs of the 2·LANES from `v·LANES`; each output keeps its own chain, in order.
     let parity = W::BF16 && S::BF16_PARITY && VP.is_multiple_of(2);
     let mut a = [[s.splat(0.0); VP]; MT];
     for (t, a) in a.iter_mut().enumerate() {
-        for (v, a) in a.iter_mut().enumerate() {
-            *a = s.load(acc.add(t * ld + v * S::LANES));
-        }
-        if parity {
-            for v in (0..VP).step_by(2) {
-                (a[v], a[v + 1]) = s.deinterleave(a[v], a[v + 1]);
-            }
-        }
+        *a = block_row_load::<S, VP>(s, acc.add(t * ld), parity);
     }
     for p in 0..kc {
-        let mut b = [s.splat(0.0); VP];
-        if parity {
-            // `W` is bf16 here (`W::BF16`).
-            let row = panel.add(p * PANEL) as *const bf16;
-            for v in (0..VP).step_by(2) {
-                (b[v], b[v + 1]) = s.load_bf16_parity(row.add(v * S::LANES));
-            }
-        } else {
-            for (v, b) in b.iter_mut().enumerate() {
-                *b = W::load(s, panel.add(p * PANEL + v * S::LANES));
-            }
-        }
+        let b = panel_vectors::<S, W, VP>(s, panel.add(p * PANEL), parity);
         for (t, a) in a.iter_mut().enumerate() {
             let xv = s.broadcast(x[t].add(p));
             for v in 0..VP {
@@ -847,16 +830,69 @@ unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize>(
             }
         }
     }
-    for (t, a) in a.iter_mut().enumerate() {
-        if parity {
-            for v in (0..VP).step_by(2) {
-                (a[v], a[v + 1]) = s.interleave(a[v], a[v + 1]);
-            }
-        }
-        for (v, a) in a.iter().enumerate() {
-            s.store(acc.add(t * ld + v * S::LANES), *a);
+    for (t, a) in a.iter().enumerate() {
+        block_row_store::<S, VP>(s, acc.add(t * ld), *a, parity);
+    }
+}
+
+/// One token's 16 accumulators of [`panel_block`] from `acc`, split by parity if `parity`.
+#[inline(always)]
+unsafe fn block_row_load<S: Simd, const VP: usize>(
+    s: S,
+    acc: *const f32,
+    parity: bool,
+) -> [S::F; VP] {
+    let mut a = [s.splat(0.0); VP];
+    for (v, a) in a.iter_mut().enumerate() {
+        *a = s.load(acc.add(v * S::LANES));
+    }
+    if parity {
+        for v in (0..VP).step_by(2) {
+            (a[v], a[v + 1]) = s.deinterleave(a[v], a[v + 1]);
         }
     }
+    a
+}
+
+/// Stores what [`block_row_load`] loaded, back in order.
+#[inline(always)]
+unsafe fn block_row_store<S: Simd, const VP: usize>(
+    s: S,
+    acc: *mut f32,
+    mut a: [S::F; VP],
+    parity: bool,
+) {
+    if parity {
+        for v in (0..VP).step_by(2) {
+            (a[v], a[v + 1]) = s.interleave(a[v], a[v + 1]);
+        }
+    }
+    for (v, a) in a.iter().enumerate() {
+        s.store(acc.add(v * S::LANES), *a);
+    }
+}
+
+/// One step of a packed panel (16 values at `row`) as `VP` vectors: in order, or by parity
+/// (`parity` only for bf16 panels).
+#[inline(always)]
+unsafe fn panel_vectors<S: Simd, W: Elem, const VP: usize>(
+    s: S,
+    row: *const W,
+    parity: bool,
+) -> [S::F; VP] {
+    let mut b = [s.splat(0.0); VP];
+    if parity {
+        debug_assert!(W::BF16);
+        let row = row as *const bf16;
+        for v in (0..VP).step_by(2) {
+            (b[v], b[v + 1]) = s.load_bf16_parity(row.add(v * S::LANES));
+        }
+    } else {
+        for (v, b) in b.iter_mut().enumerate() {
+            *b = W::load(s, row.add(v * S::LANES));
+        }
+    }
+    b
 }
 
 /// `$block!(MT)` for `MT = $n` tokens (1 to 12; the register blocks of the packed GEMMs): a
