@@ -78,6 +78,7 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     type P = __m512i;
     const LANES: usize = 16;
     const PANEL_TOKENS: usize = 12;
+    const PREFILL_PANELS: usize = 2;
     const GEMM_ROWS: usize = 12;
     const GEMM_VECS: usize = 2;
     const DECODE_ROWS: usize = 16;

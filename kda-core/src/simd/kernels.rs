@@ -800,38 +800,51 @@ pub(crate) unsafe fn pack_panel<S: Simd, W: Elem>(
 /// At most this many vectors per 16 outputs (4-lane ISAs).
 const MAX_PER_PANEL: usize = 4;
 
-/// `MT` tokens × 16 outputs (`VP` vectors, `16 / LANES`) of the packed GEMM, continued over
-/// `kc` steps of a panel: token `t`'s accumulators at `acc + t·ld`. `VP` is a parameter, not
-/// [`MAX_PER_PANEL`] vectors of which the first `16 / LANES` are used: with the longer array
-/// LLVM kept one AVX2 accumulator on the stack (a load and a store around its multiply-add in
-/// every step), and the AVX2 prefill GEMM ran at 40 % of the FMA peak instead of about 90 %.
+/// `MT` tokens × `NP` panels of 16 outputs (`VP` vectors each, `16 / LANES`) of the packed
+/// GEMM, continued over `kc` steps of each panel: token `t`'s accumulators of panel `q` at
+/// `acc + t·ld + 16q`. `VP` is a parameter, not [`MAX_PER_PANEL`] vectors of which the first
+/// `16 / LANES` are used: with the longer array LLVM kept one AVX2 accumulator on the stack
+/// (a load and a store around its multiply-add in every step), and the AVX2 prefill GEMM ran
+/// at 40 % of the FMA peak instead of about 90 %. With `NP` = 2 (AVX-512, see
+/// [`Simd::PREFILL_PANELS`]) each broadcast input feeds two panels' vectors.
 /// On [`Simd::BF16_PARITY`] paths a bf16 panel is read by parity: vectors `v`, `v + 1` then
 /// hold the even and the odd outputs of the `2·LANES` from `v·LANES`, each output still one
 /// chain in order.
 #[inline(always)]
-unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize>(
+unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize, const NP: usize>(
     s: S,
     x: [*const f32; MT],
     kc: usize,
-    panel: *const W,
+    panels: [*const W; NP],
     (acc, ld): (*mut f32, usize),
 ) {
     let parity = W::BF16 && S::BF16_PARITY && VP.is_multiple_of(2);
-    let mut a = [[s.splat(0.0); VP]; MT];
+    let mut a = [[[s.splat(0.0); VP]; NP]; MT];
     for (t, a) in a.iter_mut().enumerate() {
-        *a = block_row_load::<S, VP>(s, acc.add(t * ld), parity);
+        for (q, a) in a.iter_mut().enumerate() {
+            *a = block_row_load::<S, VP>(s, acc.add(t * ld + q * PANEL), parity);
+        }
     }
     for p in 0..kc {
-        let b = panel_vectors::<S, W, VP>(s, panel.add(p * PANEL), parity);
+        // (A loop, not `array::from_fn`: a closure does not inherit the caller's target
+        // features, so its vector operations would not be inlined.)
+        let mut b = [[s.splat(0.0); VP]; NP];
+        for (q, b) in b.iter_mut().enumerate() {
+            *b = panel_vectors::<S, W, VP>(s, panels[q].add(p * PANEL), parity);
+        }
         for (t, a) in a.iter_mut().enumerate() {
             let xv = s.broadcast(x[t].add(p));
-            for v in 0..VP {
-                a[v] = s.mul_add(xv, b[v], a[v]);
+            for q in 0..NP {
+                for v in 0..VP {
+                    a[q][v] = s.mul_add(xv, b[q][v], a[q][v]);
+                }
             }
         }
     }
     for (t, a) in a.iter().enumerate() {
-        block_row_store::<S, VP>(s, acc.add(t * ld), *a, parity);
+        for (q, a) in a.iter().enumerate() {
+            block_row_store::<S, VP>(s, acc.add(t * ld + q * PANEL), *a, parity);
+        }
     }
 }
 
@@ -1022,7 +1035,8 @@ fn even_blocks(n: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
 /// or bf16 in the panel layout, widened as it is loaded; each starting at step `k0`): tokens
 /// in register blocks of at most [`Simd::PANEL_TOKENS`], sized as evenly as they go (256 =
 /// 14·12 + 8·11, not 21·12 + 4: a block of a few tokens has too few chains per load), each
-/// block over every panel in turn while its inputs are in L1.
+/// block over the panels in turn, [`Simd::PREFILL_PANELS`] at a time, while its inputs are in
+/// L1.
 #[inline(always)]
 pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
     s: S,
@@ -1035,19 +1049,24 @@ pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
     let kc = k1 - k0;
     for (t0, mt) in even_blocks(xs.len(), S::PANEL_TOKENS) {
         let xg = &xs[t0..t0 + mt];
-        for (p, panel) in panels.iter().enumerate() {
-            let (pp, a) = (panel.as_ptr(), ap.add(t0 * ld + p * PANEL));
+        let mut p = 0;
+        while p < panels.len() {
+            let np = S::PREFILL_PANELS.min(panels.len() - p);
+            let a = ap.add(t0 * ld + p * PANEL);
             macro_rules! block {
                 ($mt:literal) => {{
                     let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr().add(k0));
-                    match PANEL / S::LANES {
-                        1 => panel_block::<S, W, $mt, 1>(s, x, kc, pp, (a, ld)),
-                        2 => panel_block::<S, W, $mt, 2>(s, x, kc, pp, (a, ld)),
-                        _ => panel_block::<S, W, $mt, 4>(s, x, kc, pp, (a, ld)),
+                    let pp = |q: usize| panels[p + q].as_ptr();
+                    match (PANEL / S::LANES, np) {
+                        (1, 1) => panel_block::<S, W, $mt, 1, 1>(s, x, kc, [pp(0)], (a, ld)),
+                        (1, _) => panel_block::<S, W, $mt, 1, 2>(s, x, kc, [pp(0), pp(1)], (a, ld)),
+                        (2, _) => panel_block::<S, W, $mt, 2, 1>(s, x, kc, [pp(0)], (a, ld)),
+                        _ => panel_block::<S, W, $mt, 4, 1>(s, x, kc, [pp(0)], (a, ld)),
                     }
                 }};
             }
-            by_tokens!(mt, block)
+            by_tokens!(mt, block);
+            p += np;
         }
     }
 }
@@ -1385,40 +1404,74 @@ fn pair_split(
     (j0..full, full..j1)
 }
 
-/// `MT` tokens × 16 outputs of the bf16-pairs GEMM over pairs `j0..j1` of one panel of `n`
-/// steps (token `t`'s accumulators at `acc + t·ld`): every output continues its chain
-/// `acc ← dot_pairs(acc, w_j, x_j)` over `j` in order.
-/// (Two panels sharing each broadcast pair, 24 accumulators, measured 8 % slower on Zen 4.)
+/// `MT` tokens × `NP` panels of 16 outputs (`VP` vectors each) of the bf16-pairs GEMM over
+/// pairs `j0..j1` of panels of `n` steps (token `t`'s accumulators of panel `q` at
+/// `acc + t·ld + 16q`): every output continues its chain `acc ← dot_pairs(acc, w_j, x_j)` over
+/// `j` in order. Exact-size arrays, as [`panel_block`]'s.
+/// (Two panels sharing each broadcast pair measured 8 % slower on Zen 4 in the twelfth session
+/// and faster on Zen 5 in the sixteenth; see [`Simd::PREFILL_PANELS`].)
 #[inline(always)]
-unsafe fn pairs_block<S: Simd, const MT: usize>(
+unsafe fn pairs_block<S: Simd, const MT: usize, const VP: usize, const NP: usize>(
     s: S,
     x: [*const u32; MT],
     (j0, j1, n): (usize, usize, usize),
-    panel: *const bf16,
+    panels: [*const bf16; NP],
     (acc, ld): (*mut f32, usize),
 ) {
-    let vp = PANEL / S::LANES;
-    let mut a = [[s.splat(0.0); MAX_PER_PANEL]; MT];
+    let mut a = [[[s.splat(0.0); VP]; NP]; MT];
     for (t, a) in a.iter_mut().enumerate() {
-        for (v, a) in a.iter_mut().enumerate().take(vp) {
-            *a = s.load(acc.add(t * ld + v * S::LANES));
+        for (q, a) in a.iter_mut().enumerate() {
+            for (v, a) in a.iter_mut().enumerate() {
+                *a = s.load(acc.add(t * ld + q * PANEL + v * S::LANES));
+            }
         }
     }
     let (full, tail) = pair_split((j0, j1, n));
     for j in full {
-        pairs_step(s, &x, j, pair_rows(panel, j, false), &mut a);
+        pairs_block_step(s, &x, j, (panels, false), &mut a);
     }
     for j in tail {
-        pairs_step(s, &x, j, pair_rows(panel, j, true), &mut a);
+        pairs_block_step(s, &x, j, (panels, true), &mut a);
     }
     for (t, a) in a.iter().enumerate() {
-        for (v, a) in a.iter().enumerate().take(vp) {
-            s.store(acc.add(t * ld + v * S::LANES), *a);
+        for (q, a) in a.iter().enumerate() {
+            for (v, a) in a.iter().enumerate() {
+                s.store(acc.add(t * ld + q * PANEL + v * S::LANES), *a);
+            }
         }
     }
 }
 
-/// Pair `j` (its weight rows `lo`, `hi`) of [`pairs_block`] for every token.
+/// Pair `j` of each panel of [`pairs_block`] (`tail`: the half pair of an odd step count,
+/// see [`pair_rows`]) for every token.
+#[inline(always)]
+unsafe fn pairs_block_step<S: Simd, const MT: usize, const VP: usize, const NP: usize>(
+    s: S,
+    x: &[*const u32; MT],
+    j: usize,
+    (panels, tail): ([*const bf16; NP], bool),
+    a: &mut [[[S::F; VP]; NP]; MT],
+) {
+    // Loops, not `array::from_fn` (see `panel_block`).
+    let mut b = [[s.broadcast_pair(x[0].add(j)); VP]; NP];
+    for (q, b) in b.iter_mut().enumerate() {
+        let (lo, hi) = pair_rows(panels[q], j, tail);
+        for (v, b) in b.iter_mut().enumerate() {
+            *b = s.load_pairs(lo.add(v * S::LANES), hi.add(v * S::LANES));
+        }
+    }
+    for (t, a) in a.iter_mut().enumerate() {
+        let xv = s.broadcast_pair(x[t].add(j));
+        for q in 0..NP {
+            for v in 0..VP {
+                a[q][v] = s.dot_pairs(a[q][v], b[q][v], xv);
+            }
+        }
+    }
+}
+
+/// Pair `j` (its weight rows `lo`, `hi`) of the decode's [`pairs_panels_block`] for every
+/// token.
 #[inline(always)]
 unsafe fn pairs_step<S: Simd, const MT: usize>(
     s: S,
@@ -1439,7 +1492,8 @@ unsafe fn pairs_step<S: Simd, const MT: usize>(
 /// Continues, for each panel `p` of `panels` (bf16, the panel layout, `n` steps from step 0),
 /// `acc[t·ld + 16p + r]` over pairs `j0..j1` for token rows of bf16 pairs `xs[t]` (from
 /// [`round_pairs_row`]): the bf16 precision mode's prefill GEMM, its tokens in register
-/// blocks as [`panel_fma`]'s, each block over every panel in turn.
+/// blocks as [`panel_fma`]'s, each block over the panels in turn,
+/// [`Simd::PREFILL_PANELS`] at a time.
 #[inline(always)]
 pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
     s: S,
@@ -1451,15 +1505,25 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
     let ap = acc.as_mut_ptr();
     for (t0, mt) in even_blocks(xs.len(), S::PANEL_TOKENS) {
         let xg = &xs[t0..t0 + mt];
-        for (p, panel) in panels.iter().enumerate() {
-            let (pp, a) = (panel.as_ptr(), ap.add(t0 * ld + p * PANEL));
+        let mut p = 0;
+        while p < panels.len() {
+            let np = S::PREFILL_PANELS.min(panels.len() - p);
+            let a = ap.add(t0 * ld + p * PANEL);
             macro_rules! block {
                 ($mt:literal) => {{
                     let x: [*const u32; $mt] = core::array::from_fn(|t| xg[t].as_ptr());
-                    pairs_block::<S, $mt>(s, x, (j0, j1, n), pp, (a, ld))
+                    let pp = |q: usize| panels[p + q].as_ptr();
+                    let steps = (j0, j1, n);
+                    match (PANEL / S::LANES, np) {
+                        (1, 1) => pairs_block::<S, $mt, 1, 1>(s, x, steps, [pp(0)], (a, ld)),
+                        (1, _) => pairs_block::<S, $mt, 1, 2>(s, x, steps, [pp(0), pp(1)], (a, ld)),
+                        (2, _) => pairs_block::<S, $mt, 2, 1>(s, x, steps, [pp(0)], (a, ld)),
+                        _ => pairs_block::<S, $mt, 4, 1>(s, x, steps, [pp(0)], (a, ld)),
+                    }
                 }};
             }
-            by_tokens!(mt, block)
+            by_tokens!(mt, block);
+            p += np;
         }
     }
 }

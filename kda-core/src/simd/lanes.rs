@@ -28,6 +28,8 @@ impl<const N: usize> Simd for Lanes<N> {
     type P = Split<[f32; N]>;
     const LANES: usize = N;
     const PANEL_TOKENS: usize = 6;
+    // At AVX-512's width, AVX-512's panels per block (tested on any machine).
+    const PREFILL_PANELS: usize = if N >= 16 { 2 } else { 1 };
     const GEMM_ROWS: usize = if N >= 16 { 12 } else { 6 };
     const GEMM_VECS: usize = if N <= 4 { 4 } else { 2 };
     const DECODE_ROWS: usize = if N > 8 { N } else { 8 };

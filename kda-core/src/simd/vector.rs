@@ -33,6 +33,12 @@ pub(crate) trait Simd: Copy {
     /// Tokens per block of the packed projection GEMM (`panel_fma`): chosen so the
     /// accumulators and the panel loads fit the ISA's registers.
     const PANEL_TOKENS: usize;
+    /// Panels of 16 outputs per register block of the packed projection GEMMs (`panel_fma`,
+    /// `pairs_panel_fma`): 1, or 2 where each broadcast input then feeds two panels' vectors
+    /// (AVX-512: `PANEL_TOKENS` × 2 accumulators of the 32 registers, half the loads per
+    /// multiply-add, which a core with two full-width 512-bit FMA pipes needs; README,
+    /// sixteenth session).
+    const PREFILL_PANELS: usize = 1;
     /// Rows per block of the small dense GEMM (`gemm_acc`): 6 or 12.
     const GEMM_ROWS: usize;
     /// Vectors per row of a block of the small dense GEMM: 2 or 4.
