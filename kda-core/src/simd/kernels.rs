@@ -817,6 +817,7 @@ unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize, const 
     kc: usize,
     panels: [*const W; NP],
     (acc, ld): (*mut f32, usize),
+    ahead: Option<[*const W; NP]>,
 ) {
     let parity = W::BF16 && S::BF16_PARITY && VP.is_multiple_of(2);
     let mut a = [[[s.splat(0.0); VP]; NP]; MT];
@@ -831,6 +832,11 @@ unsafe fn panel_block<S: Simd, W: Elem, const MT: usize, const VP: usize, const 
         let mut b = [[s.splat(0.0); VP]; NP];
         for (q, b) in b.iter_mut().enumerate() {
             *b = panel_vectors::<S, W, VP>(s, panels[q].add(p * PANEL), parity);
+        }
+        if let Some(ahead) = ahead {
+            for a in ahead {
+                super::prefetch_line(a.wrapping_add(p * PANEL));
+            }
         }
         for (t, a) in a.iter_mut().enumerate() {
             let xv = s.broadcast(x[t].add(p));
@@ -1044,24 +1050,41 @@ pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
     (k0, k1): (usize, usize),
     panels: &[&[W]],
     (acc, ld): (&mut [f32], usize),
+    ahead: &[&[W]],
 ) {
     let ap = acc.as_mut_ptr();
     let kc = k1 - k0;
-    for (t0, mt) in even_blocks(xs.len(), S::PANEL_TOKENS) {
+    for (b, (t0, mt)) in even_blocks(xs.len(), S::PANEL_TOKENS).enumerate() {
         let xg = &xs[t0..t0 + mt];
         let mut p = 0;
         while p < panels.len() {
             let np = S::PREFILL_PANELS.min(panels.len() - p);
             let a = ap.add(t0 * ld + p * PANEL);
+            // The first register block prefetches `ahead[p..p + np]`, a line per step or two,
+            // where every `ahead` slice holds `kc` steps.
+            let pf = b == 0 && ahead.len() >= p + np && ahead.iter().all(|h| h.len() >= kc * PANEL);
             macro_rules! block {
                 ($mt:literal) => {{
                     let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr().add(k0));
                     let pp = |q: usize| panels[p + q].as_ptr();
+                    let hp = |q: usize| ahead[p + q].as_ptr();
                     match (PANEL / S::LANES, np) {
-                        (1, 1) => panel_block::<S, W, $mt, 1, 1>(s, x, kc, [pp(0)], (a, ld)),
-                        (1, _) => panel_block::<S, W, $mt, 1, 2>(s, x, kc, [pp(0), pp(1)], (a, ld)),
-                        (2, _) => panel_block::<S, W, $mt, 2, 1>(s, x, kc, [pp(0)], (a, ld)),
-                        _ => panel_block::<S, W, $mt, 4, 1>(s, x, kc, [pp(0)], (a, ld)),
+                        (1, 1) => {
+                            let h = pf.then(|| [hp(0)]);
+                            panel_block::<S, W, $mt, 1, 1>(s, x, kc, [pp(0)], (a, ld), h)
+                        }
+                        (1, _) => {
+                            let h = pf.then(|| [hp(0), hp(1)]);
+                            panel_block::<S, W, $mt, 1, 2>(s, x, kc, [pp(0), pp(1)], (a, ld), h)
+                        }
+                        (2, _) => {
+                            let h = pf.then(|| [hp(0)]);
+                            panel_block::<S, W, $mt, 2, 1>(s, x, kc, [pp(0)], (a, ld), h)
+                        }
+                        _ => {
+                            let h = pf.then(|| [hp(0)]);
+                            panel_block::<S, W, $mt, 4, 1>(s, x, kc, [pp(0)], (a, ld), h)
+                        }
                     }
                 }};
             }
@@ -1417,6 +1440,7 @@ unsafe fn pairs_block<S: Simd, const MT: usize, const VP: usize, const NP: usize
     (j0, j1, n): (usize, usize, usize),
     panels: [*const bf16; NP],
     (acc, ld): (*mut f32, usize),
+    ahead: Option<[*const bf16; NP]>,
 ) {
     let mut a = [[[s.splat(0.0); VP]; NP]; MT];
     for (t, a) in a.iter_mut().enumerate() {
@@ -1429,6 +1453,11 @@ unsafe fn pairs_block<S: Simd, const MT: usize, const VP: usize, const NP: usize
     let (full, tail) = pair_split((j0, j1, n));
     for j in full {
         pairs_block_step(s, &x, j, (panels, false), &mut a);
+        if let Some(ahead) = ahead {
+            for h in ahead {
+                super::prefetch_line(h.wrapping_add(2 * j * PANEL));
+            }
+        }
     }
     for j in tail {
         pairs_block_step(s, &x, j, (panels, true), &mut a);
@@ -1452,7 +1481,8 @@ unsafe fn pairs_block_step<S: Simd, const MT: usize, const VP: usize, const NP: 
     (panels, tail): ([*const bf16; NP], bool),
     a: &mut [[[S::F; VP]; NP]; MT],
 ) {
-    // Loops, not `array::from_fn` (see `panel_block`).
+    // Loops, not `array::from_fn` (see `panel_block`). The fill value is dead: every element
+    // is loaded below (`S::P` has no zero of its own).
     let mut b = [[s.broadcast_pair(x[0].add(j)); VP]; NP];
     for (q, b) in b.iter_mut().enumerate() {
         let (lo, hi) = pair_rows(panels[q], j, tail);
@@ -1501,24 +1531,41 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
     (j0, j1, n): (usize, usize, usize),
     panels: &[&[bf16]],
     (acc, ld): (&mut [f32], usize),
+    ahead: &[&[bf16]],
 ) {
     let ap = acc.as_mut_ptr();
-    for (t0, mt) in even_blocks(xs.len(), S::PANEL_TOKENS) {
+    for (b, (t0, mt)) in even_blocks(xs.len(), S::PANEL_TOKENS).enumerate() {
         let xg = &xs[t0..t0 + mt];
         let mut p = 0;
         while p < panels.len() {
             let np = S::PREFILL_PANELS.min(panels.len() - p);
             let a = ap.add(t0 * ld + p * PANEL);
+            // As `panel_fma`'s: the first register block prefetches `ahead[p..p + np]` (each
+            // from pair `j0`; addressed as the panels are, from pair 0).
+            let pf = b == 0 && ahead.len() >= p + np;
             macro_rules! block {
                 ($mt:literal) => {{
                     let x: [*const u32; $mt] = core::array::from_fn(|t| xg[t].as_ptr());
                     let pp = |q: usize| panels[p + q].as_ptr();
+                    let hp = |q: usize| ahead[p + q].as_ptr().wrapping_sub(2 * j0 * PANEL);
                     let steps = (j0, j1, n);
                     match (PANEL / S::LANES, np) {
-                        (1, 1) => pairs_block::<S, $mt, 1, 1>(s, x, steps, [pp(0)], (a, ld)),
-                        (1, _) => pairs_block::<S, $mt, 1, 2>(s, x, steps, [pp(0), pp(1)], (a, ld)),
-                        (2, _) => pairs_block::<S, $mt, 2, 1>(s, x, steps, [pp(0)], (a, ld)),
-                        _ => pairs_block::<S, $mt, 4, 1>(s, x, steps, [pp(0)], (a, ld)),
+                        (1, 1) => {
+                            let h = pf.then(|| [hp(0)]);
+                            pairs_block::<S, $mt, 1, 1>(s, x, steps, [pp(0)], (a, ld), h)
+                        }
+                        (1, _) => {
+                            let h = pf.then(|| [hp(0), hp(1)]);
+                            pairs_block::<S, $mt, 1, 2>(s, x, steps, [pp(0), pp(1)], (a, ld), h)
+                        }
+                        (2, _) => {
+                            let h = pf.then(|| [hp(0)]);
+                            pairs_block::<S, $mt, 2, 1>(s, x, steps, [pp(0)], (a, ld), h)
+                        }
+                        _ => {
+                            let h = pf.then(|| [hp(0)]);
+                            pairs_block::<S, $mt, 4, 1>(s, x, steps, [pp(0)], (a, ld), h)
+                        }
                     }
                 }};
             }
@@ -1903,8 +1950,9 @@ macro_rules! instantiate {
             steps: (usize, usize),
             panels: &[&[W]],
             acc: (&mut [f32], usize),
+            ahead: &[&[W]],
         ) {
-            k::panel_fma($token, xs, steps, panels, acc)
+            k::panel_fma($token, xs, steps, panels, acc, ahead)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn rows_fma<W: $crate::simd::vector::Elem>(
@@ -1950,8 +1998,9 @@ macro_rules! instantiate {
             steps: (usize, usize, usize),
             panels: &[&[half::bf16]],
             acc: (&mut [f32], usize),
+            ahead: &[&[half::bf16]],
         ) {
-            k::pairs_panel_fma($token, xs, steps, panels, acc)
+            k::pairs_panel_fma($token, xs, steps, panels, acc, ahead)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn pairs_panels_fma(

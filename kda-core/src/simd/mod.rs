@@ -372,7 +372,7 @@ pub fn panel_fma(
     }
     dispatch!(
         isa,
-        panel_fma(xs, (k0, k1), &[panel], (acc, PANEL)),
+        panel_fma(xs, (k0, k1), &[panel], (acc, PANEL), &[]),
         portable::panel_fma(xs, k0, k1, panel, acc)
     );
     Ok(())
@@ -449,13 +449,17 @@ pub fn panels_fma(
 /// continues `acc[t·ld + 16p + r]` over `k0..k1` for each panel `p` of `panels` (each
 /// starting at step `k0`, element `(k, r)` at `16·(k − k0) + r`): the same sums, bitwise,
 /// without a widened copy. A slice too short or `ld` under `16·panels.len()` (a bug) is an
-/// [`KdaError::Internal`] error.
+/// [`KdaError::Internal`] error. `ahead`, if it holds a slice of at least `k1 − k0` steps per
+/// panel (else it is ignored), is prefetched into L2 while the first register block of tokens
+/// runs, a line every step or two (the prefill's next group of panels; results do not depend
+/// on it).
 pub fn panel_fma_bf16(
     isa: impl Into<Path>,
     xs: &[&[f32]],
     (k0, k1): (usize, usize),
     panels: &[&[bf16]],
     (acc, ld): (&mut [f32], usize),
+    ahead: &[&[bf16]],
 ) -> Result<(), KdaError> {
     let shortest = panels.iter().map(|p| p.len()).min().unwrap_or(usize::MAX);
     if !(steps_ok(xs, (k0, k1), shortest) && group_acc_ok(xs.len(), panels.len(), (acc.len(), ld)))
@@ -464,7 +468,7 @@ pub fn panel_fma_bf16(
     }
     dispatch!(
         isa,
-        panel_fma(xs, (k0, k1), panels, (acc, ld)),
+        panel_fma(xs, (k0, k1), panels, (acc, ld), ahead),
         for (p, panel) in panels.iter().enumerate() {
             let a = &mut acc[p * PANEL..];
             portable::panel_fma_bf16(xs, k0, k1, panel, a, ld)
@@ -524,13 +528,15 @@ impl PairSteps {
 /// `acc ← acc + x_odd·w_odd + x_even·w_even` over the pairs in order, each addition rounded
 /// (`vdpbf16ps` on [`Isa::Avx512Bf16`], two multiply-adds elsewhere: bitwise the same except
 /// that `vdpbf16ps` flushes subnormals). A slice too short or `ld` under `16·panels.len()`
-/// (a bug) is an [`KdaError::Internal`] error.
+/// (a bug) is an [`KdaError::Internal`] error. `ahead` (one slice per panel from pair `j0`,
+/// or empty) is prefetched as [`panel_fma_bf16`]'s is; the results do not depend on it.
 pub fn pairs_panel_fma(
     isa: impl Into<Path>,
     xs: &[&[u32]],
     steps: PairSteps,
     panels: &[&[bf16]],
     (acc, ld): (&mut [f32], usize),
+    ahead: &[&[bf16]],
 ) -> Result<(), KdaError> {
     if panels.iter().any(|p| !steps.ok(p.len(), xs))
         || !group_acc_ok(xs.len(), panels.len(), (acc.len(), ld))
@@ -540,7 +546,7 @@ pub fn pairs_panel_fma(
     let st = steps.tuple();
     dispatch!(
         isa,
-        pairs_panel_fma(xs, st, panels, (acc, ld)),
+        pairs_panel_fma(xs, st, panels, (acc, ld), ahead),
         portable::pairs_panels_fma(xs, panels, st, acc, ld)
     );
     Ok(())
@@ -588,6 +594,19 @@ pub fn round_pairs_row(isa: impl Into<Path>, x: &[f32], out: &mut [u32]) -> Resu
         portable::round_pairs_row(x, out)
     );
     Ok(())
+}
+
+/// Hints the cache line at `p` into L2 (x86-64; nothing elsewhere). Never faults.
+#[inline(always)]
+pub(crate) fn prefetch_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` (SSE, baseline on x86-64) only hints the cache and never faults,
+    // whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Hints the CPU to bring `data` into its outer caches (one prefetch per 64-byte line), so
@@ -1582,9 +1601,10 @@ mod tests {
                             panels[..np].iter().map(|p| &p[..h * PANEL]).collect();
                         let second: Vec<&[bf16]> =
                             panels[..np].iter().map(|p| &p[h * PANEL..]).collect();
-                        let ok = panel_fma_bf16(isa, &xs, (0, h), &first, (&mut acc, ld));
+                        // Each call prefetches the other half (the results must not depend on it).
+                        let ok = panel_fma_bf16(isa, &xs, (0, h), &first, (&mut acc, ld), &second);
                         assert!(ok.is_ok());
-                        let ok = panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc, ld));
+                        let ok = panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc, ld), &first);
                         assert!(ok.is_ok());
                         for p in 0..np {
                             let rows = Rows::Bf16(&ws[p * PANEL..(p + 1) * PANEL]);
@@ -1601,13 +1621,14 @@ mod tests {
                         }
                         // Short slices and a stride under the group's width are refused.
                         let bad_steps =
-                            panel_fma_bf16(isa, &xs, (h, n + 1), &second, (&mut acc, ld));
+                            panel_fma_bf16(isa, &xs, (h, n + 1), &second, (&mut acc, ld), &[]);
                         assert!(bad_steps.is_err());
-                        let narrow = panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc, ld - 4));
+                        let narrow =
+                            panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc, ld - 4), &[]);
                         assert!(narrow.is_err());
                         let short = acc.len() - 1;
                         let bad_acc =
-                            panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc[..short], ld));
+                            panel_fma_bf16(isa, &xs, (h, n), &second, (&mut acc[..short], ld), &[]);
                         assert!(bad_acc.is_err());
                     }
                 }
@@ -1698,7 +1719,7 @@ mod tests {
                     let mid = all.j1 / 3;
                     let halves = [PairSteps { j1: mid, ..all }, PairSteps { j0: mid, ..all }];
                     for st in halves {
-                        pairs_panel_fma(path, &xs, st, &pr[..1], (&mut got, PANEL)).unwrap();
+                        pairs_panel_fma(path, &xs, st, &pr[..1], (&mut got, PANEL), &[]).unwrap();
                     }
                     let same = got
                         .iter()
@@ -1708,11 +1729,15 @@ mod tests {
                     // Three panels in one call, tokens `ld` apart: each panel's sums as alone.
                     let ld = 3 * PANEL + 5;
                     let mut three = std::vec![0.0f32; (tokens - 1) * ld + 3 * PANEL];
-                    pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three, ld)).unwrap();
+                    // Prefetching the other panels on the way must not change a bit.
+                    let ahead = &pr[3..6];
+                    pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three, ld), ahead).unwrap();
                     let short = three.len() - 1;
-                    let cut = pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three[..short], ld));
+                    let cut =
+                        pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three[..short], ld), &[]);
                     assert!(cut.is_err());
-                    let narrow = pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three, ld - 6));
+                    let narrow =
+                        pairs_panel_fma(path, &xs, all, &pr[..3], (&mut three, ld - 6), &[]);
                     assert!(narrow.is_err());
                     for p in 0..3 {
                         let mut one = std::vec![0.0f32; tokens * PANEL];
@@ -1736,7 +1761,7 @@ mod tests {
                         for p in 0..np {
                             let mut one = std::vec![0.0f32; tokens * PANEL];
                             let one_acc = (&mut one[..], PANEL);
-                            pairs_panel_fma(Path::Reference, &xs, all, &pr[p..p + 1], one_acc)
+                            pairs_panel_fma(Path::Reference, &xs, all, &pr[p..p + 1], one_acc, &[])
                                 .unwrap();
                             for t in 0..tokens {
                                 let d = &acc[t * DECODE_LD + p * PANEL..][..PANEL];
@@ -1756,7 +1781,9 @@ mod tests {
                 ..PairSteps::all(4)
             };
             let w: &[bf16] = &[bf16::ZERO; 64];
-            assert!(pairs_panel_fma(path, &[&[0u32; 3]], bad, &[w], (&mut acc, PANEL)).is_err());
+            assert!(
+                pairs_panel_fma(path, &[&[0u32; 3]], bad, &[w], (&mut acc, PANEL), &[]).is_err()
+            );
         }
     }
 
