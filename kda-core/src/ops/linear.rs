@@ -371,7 +371,8 @@ type GroupKernel<'k, 'x, T> = dyn FnMut(&[&'x [T]], (usize, usize), &[&[bf16]], 
 /// of up to [`TB`] tokens, k-blocks of [`KC`] steps (blocks of 128, where the group's k-block
 /// and a register block's inputs fit L1 together, measured no faster on Zen 4), accumulators
 /// `[token][group·16]` so that each token's outputs of the group are stored in one call; the
-/// next group's panels are prefetched k-block by k-block while the first token block runs.
+/// next group's panels are prefetched k-block by k-block while the first token block runs,
+/// spread over its steps by the kernel.
 /// The kernel counts the reduction in units of `unit` steps (`units` in all).
 // The tile's inputs, matrix, rows and scratch, the kernel's units and the kernel itself, and
 // the store callback.
