@@ -935,6 +935,20 @@ macro_rules! by_tokens {
     };
 }
 
+/// `$block!(VP, NP)` for a prefill register block of `NP` panels (`$np`, 1 or
+/// [`Simd::PREFILL_PANELS`]) of `VP = 16 / LANES` vectors each: the shapes the ISAs use
+/// (16 lanes: one or two panels; 8 and 4 lanes: one panel).
+macro_rules! by_panel_shape {
+    ($s:ty, $np:expr, $block:ident) => {
+        match (PANEL / <$s>::LANES, $np) {
+            (1, 1) => $block!(1, 1),
+            (1, _) => $block!(1, 2),
+            (2, _) => $block!(2, 1),
+            _ => $block!(4, 1),
+        }
+    };
+}
+
 /// `$block!(MT, P)` for `(tokens, panels)` of the decode kernels: `P` a power of two, at most
 /// 8 panels for one or two tokens and 4 for more ([`decode_group`] picks it).
 macro_rules! by_tokens_panels {
@@ -1054,41 +1068,32 @@ pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
 ) {
     let ap = acc.as_mut_ptr();
     let kc = k1 - k0;
+    // The first register block prefetches `ahead[p..p + np]` with panels `p..p + np`, a line
+    // per step or two, if every `ahead` slice holds the `kc` steps.
+    let ahead_ok = ahead.iter().all(|h| h.len() >= kc * PANEL);
     for (b, (t0, mt)) in even_blocks(xs.len(), S::PANEL_TOKENS).enumerate() {
         let xg = &xs[t0..t0 + mt];
         let mut p = 0;
         while p < panels.len() {
             let np = S::PREFILL_PANELS.min(panels.len() - p);
             let a = ap.add(t0 * ld + p * PANEL);
-            // The first register block prefetches `ahead[p..p + np]`, a line per step or two,
-            // where every `ahead` slice holds `kc` steps.
-            let pf = b == 0 && ahead.len() >= p + np && ahead.iter().all(|h| h.len() >= kc * PANEL);
-            macro_rules! block {
-                ($mt:literal) => {{
-                    let x: [*const f32; $mt] = core::array::from_fn(|t| xg[t].as_ptr().add(k0));
-                    let pp = |q: usize| panels[p + q].as_ptr();
-                    let hp = |q: usize| ahead[p + q].as_ptr();
-                    match (PANEL / S::LANES, np) {
-                        (1, 1) => {
-                            let h = pf.then(|| [hp(0)]);
-                            panel_block::<S, W, $mt, 1, 1>(s, x, kc, [pp(0)], (a, ld), h)
-                        }
-                        (1, _) => {
-                            let h = pf.then(|| [hp(0), hp(1)]);
-                            panel_block::<S, W, $mt, 1, 2>(s, x, kc, [pp(0), pp(1)], (a, ld), h)
-                        }
-                        (2, _) => {
-                            let h = pf.then(|| [hp(0)]);
-                            panel_block::<S, W, $mt, 2, 1>(s, x, kc, [pp(0)], (a, ld), h)
-                        }
-                        _ => {
-                            let h = pf.then(|| [hp(0)]);
-                            panel_block::<S, W, $mt, 4, 1>(s, x, kc, [pp(0)], (a, ld), h)
-                        }
+            let pf = b == 0 && ahead_ok && ahead.len() >= p + np;
+            macro_rules! shape {
+                ($vp:literal, $np:literal) => {{
+                    macro_rules! block {
+                        ($mt:literal) => {{
+                            let x: [*const f32; $mt] =
+                                core::array::from_fn(|t| xg[t].as_ptr().add(k0));
+                            let pp: [*const W; $np] =
+                                core::array::from_fn(|q| panels[p + q].as_ptr());
+                            let h = pf.then(|| core::array::from_fn(|q| ahead[p + q].as_ptr()));
+                            panel_block::<S, W, $mt, $vp, $np>(s, x, kc, pp, (a, ld), h)
+                        }};
                     }
+                    by_tokens!(mt, block)
                 }};
             }
-            by_tokens!(mt, block);
+            by_panel_shape!(S, np, shape);
             p += np;
         }
     }
@@ -1543,33 +1548,26 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
             // As `panel_fma`'s: the first register block prefetches `ahead[p..p + np]` (each
             // from pair `j0`; addressed as the panels are, from pair 0).
             let pf = b == 0 && ahead.len() >= p + np;
-            macro_rules! block {
-                ($mt:literal) => {{
-                    let x: [*const u32; $mt] = core::array::from_fn(|t| xg[t].as_ptr());
-                    let pp = |q: usize| panels[p + q].as_ptr();
-                    let hp = |q: usize| ahead[p + q].as_ptr().wrapping_sub(2 * j0 * PANEL);
-                    let steps = (j0, j1, n);
-                    match (PANEL / S::LANES, np) {
-                        (1, 1) => {
-                            let h = pf.then(|| [hp(0)]);
-                            pairs_block::<S, $mt, 1, 1>(s, x, steps, [pp(0)], (a, ld), h)
-                        }
-                        (1, _) => {
-                            let h = pf.then(|| [hp(0), hp(1)]);
-                            pairs_block::<S, $mt, 1, 2>(s, x, steps, [pp(0), pp(1)], (a, ld), h)
-                        }
-                        (2, _) => {
-                            let h = pf.then(|| [hp(0)]);
-                            pairs_block::<S, $mt, 2, 1>(s, x, steps, [pp(0)], (a, ld), h)
-                        }
-                        _ => {
-                            let h = pf.then(|| [hp(0)]);
-                            pairs_block::<S, $mt, 4, 1>(s, x, steps, [pp(0)], (a, ld), h)
-                        }
+            macro_rules! shape {
+                ($vp:literal, $np:literal) => {{
+                    macro_rules! block {
+                        ($mt:literal) => {{
+                            let x: [*const u32; $mt] = core::array::from_fn(|t| xg[t].as_ptr());
+                            let pp: [*const bf16; $np] =
+                                core::array::from_fn(|q| panels[p + q].as_ptr());
+                            let h = pf.then(|| {
+                                core::array::from_fn(|q| {
+                                    ahead[p + q].as_ptr().wrapping_sub(2 * j0 * PANEL)
+                                })
+                            });
+                            let steps = (j0, j1, n);
+                            pairs_block::<S, $mt, $vp, $np>(s, x, steps, pp, (a, ld), h)
+                        }};
                     }
+                    by_tokens!(mt, block)
                 }};
             }
-            by_tokens!(mt, block);
+            by_panel_shape!(S, np, shape);
             p += np;
         }
     }

@@ -613,22 +613,11 @@ pub(crate) fn prefetch_line<T>(p: *const T) {
 /// a later pass finds it there; does nothing on other architectures. Never faults.
 #[inline]
 pub fn prefetch<T>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let p = data.as_ptr() as *const i8;
-        let bytes = core::mem::size_of_val(data);
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: `_mm_prefetch` (SSE, baseline on x86-64) only hints the cache and never
-            // faults; the address is inside `data` anyway.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(p.add(off))
-            };
-            off += 64;
-        }
+    let p = data.as_ptr() as *const u8;
+    for off in (0..core::mem::size_of_val(data)).step_by(64) {
+        // `wrapping_add`: only an address to hint, inside `data` anyway.
+        prefetch_line(p.wrapping_add(off));
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
 }
 
 /// `y[i] += a·x[i]`.
