@@ -119,10 +119,18 @@ pub mod internals {
         crate::simd::gemm(isa, crate::simd::CStart::Keep, shape, a, b, c)
     }
 
-    /// The sum of `data` read as `streams` interleaved regions with `isa`'s widest loads
-    /// (and software prefetch when asked): the benchmarks' read-bandwidth probe.
-    pub fn read_sum(isa: crate::Isa, data: &[f32], streams: usize, prefetch: bool) -> f32 {
-        crate::simd::read_sum(isa, data, streams, prefetch)
+    pub use crate::simd::ReadLoads;
+
+    /// The sum of `data` read as `streams` interleaved regions with `isa`'s `loads` (and
+    /// software prefetch when asked): the benchmarks' read-bandwidth probe.
+    pub fn read_sum(
+        isa: crate::Isa,
+        data: &[f32],
+        streams: usize,
+        prefetch: bool,
+        loads: ReadLoads,
+    ) -> f32 {
+        crate::simd::read_sum(isa, data, streams, prefetch, loads)
     }
 
     /// The single-core f32 FMA peak probe with `isa`'s widest vectors: independent

@@ -14,7 +14,7 @@
 use half::bf16;
 
 use super::vector::{column, round_pair, Elem, Simd, MAX_LANES};
-use super::{DIRECT, PANEL};
+use super::{ReadLoads, DIRECT, PANEL};
 
 /// `y[i] += a·x[i]` (`x` at least as long as `y`).
 #[inline(always)]
@@ -1656,32 +1656,70 @@ pub(crate) unsafe fn round_pairs_row<S: Simd>(s: S, x: &[f32], out: &mut [u32]) 
 pub(crate) const READ_PIECE: usize = 64;
 
 /// The sum of `data`, read as `streams` far-apart regions interleaved piece by piece (the
-/// access pattern of a projection streaming several weight rows), with the widest loads,
-/// four independent accumulators and, when `prefetch`, a software prefetch 1 KiB ahead in
-/// each stream: a read-bandwidth probe, not a numerically careful sum.
+/// access pattern of a projection streaming several weight rows), with `loads`, four
+/// independent accumulators and, when `prefetch`, a software prefetch 1 KiB ahead in each
+/// stream: a read-bandwidth probe, not a numerically careful sum. With
+/// [`ReadLoads::Bf16`] the bytes are read as bf16 values (each f32 as its two halves).
 #[inline(always)]
-pub(crate) unsafe fn read_sum<S: Simd>(s: S, data: &[f32], streams: usize, prefetch: bool) -> f32 {
-    let (l, p) = (S::LANES, data.as_ptr());
+pub(crate) unsafe fn read_sum<S: Simd>(
+    s: S,
+    data: &[f32],
+    streams: usize,
+    prefetch: bool,
+    loads: ReadLoads,
+) -> f32 {
     let streams = streams.max(1);
-    let region = data.len() / streams / READ_PIECE * READ_PIECE;
+    match loads {
+        ReadLoads::Widest => {
+            let load = |p: *const f32| s.load(p);
+            let (sum, done) = read_streams(s, data.as_ptr(), data.len(), streams, prefetch, load);
+            sum + data[done..].iter().sum::<f32>()
+        }
+        ReadLoads::Bf16 => {
+            let halves: &[u16] = bytemuck::cast_slice(data);
+            let load = |p: *const bf16| s.load_bf16(p);
+            let p = halves.as_ptr() as *const bf16; // bf16 is a u16 (repr(transparent))
+            let (sum, done) = read_streams(s, p, halves.len(), streams, prefetch, load);
+            sum + halves[done..]
+                .iter()
+                .map(|&h| bf16::from_bits(h).to_f32())
+                .sum::<f32>()
+        }
+    }
+}
+
+/// [`read_sum`]'s loop over `len` elements at `p`, `LANES` of them per `load`: returns the
+/// sum and how many elements it read (whole pieces of every stream; the caller adds the rest).
+#[inline(always)]
+unsafe fn read_streams<S: Simd, T>(
+    s: S,
+    p: *const T,
+    len: usize,
+    streams: usize,
+    prefetch: bool,
+    load: impl Fn(*const T) -> S::F,
+) -> (f32, usize) {
+    let l = S::LANES;
+    // A piece is 256 bytes whatever the element size.
+    let piece = READ_PIECE * 4 / core::mem::size_of::<T>();
+    let region = len / streams / piece * piece;
     let mut acc = [s.splat(0.0); 4];
-    for off in (0..region).step_by(READ_PIECE) {
+    for off in (0..region).step_by(piece) {
         for j in 0..streams {
             let q = p.add(j * region + off);
             if prefetch {
                 // Never faults, so an address past the end is harmless (wrapping: no UB).
-                s.prefetch(q.wrapping_add(256));
+                s.prefetch(q.wrapping_add(4 * piece) as *const f32);
             }
-            for v in (0..READ_PIECE).step_by(4 * l) {
+            for v in (0..piece).step_by(4 * l) {
                 for (u, a) in acc.iter_mut().enumerate() {
-                    *a = s.add(*a, s.load(q.add(v + u * l)));
+                    *a = s.add(*a, load(q.add(v + u * l)));
                 }
             }
         }
     }
-    let tail: f32 = data[streams * region..].iter().sum();
     let a = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
-    s.reduce_sum(a) + tail
+    (s.reduce_sum(a), streams * region)
 }
 
 /// The FMA peak probe: `3/4` of the registers as independent `x ← x·m + a` chains (enough to
@@ -1977,8 +2015,13 @@ macro_rules! instantiate {
             k::fma_peak($token, iters)
         }
         $(#[target_feature(enable = $features)])?
-        pub(crate) unsafe fn read_sum(data: &[f32], streams: usize, prefetch: bool) -> f32 {
-            k::read_sum($token, data, streams, prefetch)
+        pub(crate) unsafe fn read_sum(
+            data: &[f32],
+            streams: usize,
+            prefetch: bool,
+            loads: $crate::simd::ReadLoads,
+        ) -> f32 {
+            k::read_sum($token, data, streams, prefetch, loads)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn panels_fma(

@@ -237,17 +237,31 @@ pub(super) fn panels_fma(xs: &[&[f32]], panels: &[&[bf16]], k0: usize, k1: usize
 }
 
 /// [`super::kernels::read_sum`]'s pattern in scalar code.
-pub(super) fn read_sum(data: &[f32], streams: usize) -> f32 {
-    let piece = super::kernels::READ_PIECE;
+pub(super) fn read_sum(data: &[f32], streams: usize, loads: super::ReadLoads) -> f32 {
+    match loads {
+        super::ReadLoads::Widest => read_streams(data, streams, |v| *v),
+        super::ReadLoads::Bf16 => {
+            let halves: &[u16] = bytemuck::cast_slice(data);
+            read_streams(halves, streams, |&h| half::bf16::from_bits(h).to_f32())
+        }
+    }
+}
+
+/// [`read_sum`] over elements of any type, each read as `f32` by `value`.
+fn read_streams<T>(data: &[T], streams: usize, value: impl Fn(&T) -> f32) -> f32 {
+    let piece = super::kernels::READ_PIECE * 4 / core::mem::size_of::<T>();
     let streams = streams.max(1);
     let region = data.len() / streams / piece * piece;
     let mut acc = 0.0f32;
     for off in (0..region).step_by(piece) {
         for j in 0..streams {
-            acc += data[j * region + off..][..piece].iter().sum::<f32>();
+            acc += data[j * region + off..][..piece]
+                .iter()
+                .map(&value)
+                .sum::<f32>();
         }
     }
-    acc + data[streams * region..].iter().sum::<f32>()
+    acc + data[streams * region..].iter().map(&value).sum::<f32>()
 }
 
 /// [`super::kernels::fma_peak`] in scalar code: 32 independent chains.
