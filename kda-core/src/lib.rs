@@ -138,6 +138,13 @@ pub mod internals {
     pub fn fma_peak(isa: crate::Isa, iters: usize) -> (usize, f32) {
         crate::simd::fma_peak(isa, iters)
     }
+
+    /// The single-core peak of the bf16 mode's dot products (`vdpbf16ps` on avx512_bf16) on
+    /// `isa`: independent chains in registers. Returns (multiply-adds done, a value to keep
+    /// the work alive).
+    pub fn dot_pairs_peak(isa: crate::Isa, iters: usize) -> (usize, f32) {
+        crate::simd::dot_pairs_peak(isa, iters)
+    }
 }
 
 /// Re-export of the `half` crate's float types used by [`Data`].

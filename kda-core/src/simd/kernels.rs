@@ -1743,6 +1743,28 @@ pub(crate) fn fma_peak<S: Simd>(s: S, iters: usize) -> (usize, f32) {
     (iters * chains * S::LANES, s.reduce_sum(total))
 }
 
+/// The bf16 dot-product peak probe: `3/4` of the registers as independent
+/// `acc ← acc + a.odd·b.odd + a.even·b.even` chains ([`Simd::dot_pairs`], `vdpbf16ps` where
+/// the ISA has it), `iters` rounds. Returns (multiply-adds done, two per lane and step; a
+/// value to keep the work alive).
+#[inline(always)]
+pub(crate) unsafe fn dot_pairs_peak<S: Simd>(s: S, iters: usize) -> (usize, f32) {
+    let chains = S::REGISTERS * 3 / 4;
+    let row = [bf16::from_f32(core::hint::black_box(1e-3)); MAX_LANES];
+    let a = s.load_pairs(row.as_ptr(), row.as_ptr());
+    let mut acc = [s.splat(0.0); 24];
+    for _ in 0..iters {
+        for v in acc.iter_mut().take(chains) {
+            *v = s.dot_pairs(*v, a, a);
+        }
+    }
+    let mut total = s.splat(0.0);
+    for v in acc.iter().take(chains) {
+        total = s.add(total, *v);
+    }
+    (iters * chains * 2 * S::LANES, s.reduce_sum(total))
+}
+
 /// Most taps the vector short conv takes (Kimi's convs have 4); wider ones run the reference.
 pub(crate) const MAX_TAPS: usize = 8;
 
@@ -2013,6 +2035,10 @@ macro_rules! instantiate {
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn fma_peak(iters: usize) -> (usize, f32) {
             k::fma_peak($token, iters)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn dot_pairs_peak(iters: usize) -> (usize, f32) {
+            k::dot_pairs_peak($token, iters)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn read_sum(

@@ -740,7 +740,7 @@ pub fn softplus_scaled(isa: impl Into<Path>, x: &mut [f32], c: f32) {
     dispatch!(isa, softplus_scaled(x, c), portable::softplus_scaled(x, c))
 }
 
-/// The loads a read probe ([`read_sum`]) streams its buffer with.
+/// The loads a read probe (`internals::read_sum`) streams its buffer with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadLoads {
     /// The path's widest f32 vector loads (64 bytes on AVX-512).
@@ -796,6 +796,15 @@ pub fn short_conv(
 /// registers, `iters` rounds. Returns (FMAs done, a value to keep the work alive).
 pub fn fma_peak(isa: impl Into<Path>, iters: usize) -> (usize, f32) {
     dispatch!(isa, fma_peak(iters), portable::fma_peak(iters))
+}
+
+/// The single-core peak of the bf16 mode's dot products on the path (`Simd::dot_pairs`:
+/// `vdpbf16ps` on avx512_bf16, two f32 multiply-adds per pair elsewhere), `iters` rounds of
+/// independent chains. Returns (multiply-adds done, a value to keep the work alive). The
+/// reference path has no bf16 dot product: it runs [`fma_peak`] (its bf16 mode is f32
+/// multiply-adds).
+pub fn dot_pairs_peak(isa: impl Into<Path>, iters: usize) -> (usize, f32) {
+    dispatch!(isa, dot_pairs_peak(iters), portable::fma_peak(iters))
 }
 
 /// Whether `rows` rows of `cols` elements, `ld` apart, fit in `len` elements.
@@ -1838,6 +1847,28 @@ mod tests {
             }
         }
         assert!(round_pairs_row(Path::Reference, &xs[..3], &mut [0u32; 1]).is_err());
+    }
+
+    #[test]
+    fn dot_pairs_peak_does_the_work_it_counts() {
+        // Every multiply-add adds c² (c = bf16(1e-3)) to a chain, so the chains' total is the
+        // count times c², up to f32 rounding over ~1000 steps per chain.
+        let c = f64::from(half::bf16::from_f32(1e-3).to_f32());
+        for isa in test_paths().into_iter().chain([Path::Reference]) {
+            let (macs, total) = dot_pairs_peak(isa, 1000);
+            assert!(macs >= 1000 && macs % 1000 == 0, "{isa:?}: {macs}");
+            let want = macs as f64 * c * c;
+            let err = (f64::from(total) - want).abs() / want;
+            if isa == Path::Reference {
+                // The reference path runs the f32 FMA probe (x ← 0.999999·x + 1e-7 from 1).
+                assert!(total.is_finite() && total > 0.0, "{isa:?}: {total}");
+            } else {
+                assert!(
+                    err < 1e-3,
+                    "{isa:?}: {total} vs {want} ({macs} multiply-adds)"
+                );
+            }
+        }
     }
 
     #[test]
