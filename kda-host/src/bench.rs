@@ -168,8 +168,8 @@ impl ReadPattern {
 }
 
 /// The read patterns tried: 1, 4 and 8 streams with the widest loads of the ISA benchmarked
-/// and with its bf16 loads (half as wide, as the decode kernels read weights: on a Zen 5 these
-/// stream about 10 % faster than 64-byte loads), each with and without software prefetch, and
+/// and with its bf16 loads (half as wide, as the decode kernels read weights: some CPUs, Zen 5
+/// among them, stream memory faster with these), each with and without software prefetch, and
 /// 1 and 8 streams of a plain loop. The reference is the best of them, so a kernel's "% of
 /// read bandwidth" is measured against the strongest loop we have.
 pub const READ_PATTERNS: [ReadPattern; 14] = [

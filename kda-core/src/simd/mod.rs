@@ -746,8 +746,8 @@ pub enum ReadLoads {
     /// The path's widest f32 vector loads (64 bytes on AVX-512).
     Widest,
     /// The path's bf16 loads, `LANES` bf16 values widened to f32 (32 bytes on AVX-512, 16 on
-    /// AVX2), as the decode kernels stream their weights. On a Zen 5 these read memory about
-    /// 10 % faster than 64-byte loads, so a read limit needs both.
+    /// AVX2), as the decode kernels stream their weights. Some CPUs (Zen 5) stream memory
+    /// faster with these than with the widest loads, so a read limit needs both.
     Bf16,
 }
 
