@@ -607,12 +607,34 @@ fn bench_runs_on_the_isa_asked_for() {
         "--threads",
         "1",
     ]);
+    let patterns = format!(
+        "(best of {} patterns:",
+        kda_host::bench::READ_PATTERNS.len()
+    );
     for want in [
         "ISA portable,",
-        "(best of 8 patterns:",
-        "GFLOP/s per core, portable loads",
+        &patterns,
+        "GFLOP/s per core, portable f32 multiply-adds",
         "decode: 2 steps",
     ] {
         assert!(out.contains(want), "no {want:?} in:\n{out}");
     }
+    // The bf16 mode's prefill is compared with the bf16 dot products' peak, not the f32 one.
+    let out = kda_ok(&[
+        "bench",
+        "--isa",
+        "portable",
+        "--precision",
+        "bf16",
+        "--prompt",
+        "8",
+        "--steps",
+        "2",
+        "--prefill-runs",
+        "1",
+        "--threads",
+        "1",
+    ]);
+    let want = "prefill vs the bf16 dot-product peak measured now";
+    assert!(out.contains(want), "no {want:?} in:\n{out}");
 }
