@@ -319,8 +319,8 @@ pub fn measure_bandwidth(bytes: usize, parallel: bool, isa: Isa) -> Result<(Band
     ))
 }
 
-/// The single-core f32 FMA peak in GFLOP/s (2 per FMA), best of five ~20 ms runs with the
-/// widest vectors of `isa`.
+/// The single-core f32 FMA peak in GFLOP/s (2 per FMA), best of five runs with the widest
+/// vectors of `isa`.
 pub fn measure_fma_peak(isa: Isa) -> f64 {
     best_rate(|| kda_core::internals::fma_peak(isa, 200_000))
 }
@@ -355,7 +355,7 @@ impl ComputePeak {
 }
 
 /// The single-core peak of the bf16 mode's dot products in GFLOP/s (2 per multiply-add),
-/// best of five ~20 ms runs on `isa` (`vdpbf16ps` on avx512_bf16; elsewhere the mode's
+/// best of five runs on `isa` (`vdpbf16ps` on avx512_bf16; elsewhere the mode's
 /// emulation, two f32 multiply-adds per pair).
 pub fn measure_dot_pairs_peak(isa: Isa) -> f64 {
     best_rate(|| kda_core::internals::dot_pairs_peak(isa, 100_000))

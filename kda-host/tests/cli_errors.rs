@@ -594,19 +594,23 @@ fn bad_options_and_outputs() {
 /// (the portable one runs everywhere), and says so.
 #[test]
 fn bench_runs_on_the_isa_asked_for() {
-    let out = kda_ok(&[
-        "bench",
-        "--isa",
-        "portable",
-        "--prompt",
-        "8",
-        "--steps",
-        "2",
-        "--prefill-runs",
-        "1",
-        "--threads",
-        "1",
-    ]);
+    let bench = |extra: &[&str]| {
+        let args = [
+            "bench",
+            "--isa",
+            "portable",
+            "--prompt",
+            "8",
+            "--steps",
+            "2",
+            "--prefill-runs",
+            "1",
+            "--threads",
+            "1",
+        ];
+        kda_ok(&[&args[..], extra].concat())
+    };
+    let out = bench(&[]);
     let patterns = format!(
         "(best of {} patterns:",
         kda_host::bench::READ_PATTERNS.len()
@@ -620,21 +624,7 @@ fn bench_runs_on_the_isa_asked_for() {
         assert!(out.contains(want), "no {want:?} in:\n{out}");
     }
     // The bf16 mode's prefill is compared with the bf16 dot products' peak, not the f32 one.
-    let out = kda_ok(&[
-        "bench",
-        "--isa",
-        "portable",
-        "--precision",
-        "bf16",
-        "--prompt",
-        "8",
-        "--steps",
-        "2",
-        "--prefill-runs",
-        "1",
-        "--threads",
-        "1",
-    ]);
+    let out = bench(&["--precision", "bf16"]);
     let want = "prefill vs the bf16 dot-product peak measured now";
     assert!(out.contains(want), "no {want:?} in:\n{out}");
 }

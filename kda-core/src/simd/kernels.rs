@@ -1727,42 +1727,46 @@ unsafe fn read_streams<S: Simd, T>(
 /// the work alive).
 #[inline(always)]
 pub(crate) fn fma_peak<S: Simd>(s: S, iters: usize) -> (usize, f32) {
-    let chains = S::REGISTERS * 3 / 4;
     let m = s.splat(core::hint::black_box(0.999_999));
     let a = s.splat(core::hint::black_box(1e-7));
-    let mut acc = [s.splat(1.0); 24];
-    for _ in 0..iters {
-        for v in acc.iter_mut().take(chains) {
-            *v = s.mul_add(*v, m, a);
-        }
-    }
-    let mut total = s.splat(0.0);
-    for v in acc.iter().take(chains) {
-        total = s.add(total, *v);
-    }
-    (iters * chains * S::LANES, s.reduce_sum(total))
+    let (chains, total) = peak_chains(s, iters, s.splat(1.0), |x| s.mul_add(x, m, a));
+    (iters * chains * S::LANES, total)
 }
 
-/// The bf16 dot-product peak probe: `3/4` of the registers as independent
-/// `acc ← acc + a.odd·b.odd + a.even·b.even` chains ([`Simd::dot_pairs`], `vdpbf16ps` where
-/// the ISA has it), `iters` rounds. Returns (multiply-adds done, two per lane and step; a
-/// value to keep the work alive).
+/// The bf16 dot-product peak probe: [`peak_chains`] of
+/// `acc ← acc + a.odd·b.odd + a.even·b.even` ([`Simd::dot_pairs`], `vdpbf16ps` where the ISA
+/// has it). Returns (multiply-adds done, two per lane and step; a value to keep the work
+/// alive).
 #[inline(always)]
 pub(crate) unsafe fn dot_pairs_peak<S: Simd>(s: S, iters: usize) -> (usize, f32) {
-    let chains = S::REGISTERS * 3 / 4;
     let row = [bf16::from_f32(core::hint::black_box(1e-3)); MAX_LANES];
     let a = s.load_pairs(row.as_ptr(), row.as_ptr());
-    let mut acc = [s.splat(0.0); 24];
+    let (chains, total) = peak_chains(s, iters, s.splat(0.0), |acc| s.dot_pairs(acc, a, a));
+    (iters * chains * 2 * S::LANES, total)
+}
+
+/// A peak probe's loop: `3/4` of the registers as independent chains `x ← step(x)` from
+/// `start` (enough to cover the latency on every pipe), `iters` rounds. Returns the number of
+/// chains and the sum of every lane of every chain (to keep the work alive).
+#[inline(always)]
+fn peak_chains<S: Simd>(
+    s: S,
+    iters: usize,
+    start: S::F,
+    step: impl Fn(S::F) -> S::F,
+) -> (usize, f32) {
+    let chains = S::REGISTERS * 3 / 4;
+    let mut acc = [start; 24];
     for _ in 0..iters {
         for v in acc.iter_mut().take(chains) {
-            *v = s.dot_pairs(*v, a, a);
+            *v = step(*v);
         }
     }
     let mut total = s.splat(0.0);
     for v in acc.iter().take(chains) {
         total = s.add(total, *v);
     }
-    (iters * chains * 2 * S::LANES, s.reduce_sum(total))
+    (chains, s.reduce_sum(total))
 }
 
 /// Most taps the vector short conv takes (Kimi's convs have 4); wider ones run the reference.
