@@ -637,20 +637,27 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
     }
 }
 
-/// All `m` rows of one column panel `NV` vectors wide: blocks of [`Simd::GEMM_ROWS`], then
-/// blocks of 6, then the rest. A rest of 1 to 3 rows is merged with the last 6-row block and
-/// split as evenly as it goes (7 = 4 + 3, 8 = 4 + 4, 9 = 5 + 4): a block of 2 rows has too few
-/// independent accumulators to hide the FMA latency (m = 32, the chunked form's state products
-/// at chunk 16, was 6·5 + 2 and is now 6·4 + 4 + 4). The block shape never changes a result:
-/// every element is its own chain over `p`.
+/// All `m` rows of one column panel `NV` vectors wide. With [`Simd::GEMM_ROWS`] ≥ 12 (32
+/// registers): `⌈m/12⌉` blocks as even as they go (32 = 11 + 11 + 10, 16 = 8 + 8), each with
+/// enough independent accumulators to hide the FMA latency; the chunked form's state products
+/// (m = 32 at chunk 16) were 12 + 12 + 4 + 4, and their two 4-row blocks (8 accumulators, no
+/// slack over the FMA latency) slowed the whole product (README, eighteenth session).
+/// Otherwise: blocks of 6, a
+/// rest of 1 to 3 rows merged with the last 6-row block and split as evenly as it goes (7 =
+/// 4 + 3, 8 = 4 + 4, 9 = 5 + 4): a block of 2 rows has too few accumulators. The block shape
+/// never changes a result: every element is its own chain over `p`.
 #[inline(always)]
 unsafe fn gemm_panel<S: Simd, const NV: usize>(s: S, m: usize, j: usize, g: &Gemm) {
     let mut i = 0;
     if S::GEMM_ROWS >= 12 {
-        while i + 12 <= m {
-            gemm_block::<S, 12, NV>(s, i, j, g);
-            i += 12;
+        let blocks = m.div_ceil(12);
+        for b in 0..blocks {
+            // At most 12: `m − i ≤ 12·(blocks − b)`.
+            let rows = (m - i).div_ceil(blocks - b);
+            gemm_rows_wide::<S, NV>(s, rows, i, j, g);
+            i += rows;
         }
+        return;
     }
     let rest = (m - i) % 6;
     let sixes = (m - i) / 6;
@@ -669,6 +676,26 @@ unsafe fn gemm_panel<S: Simd, const NV: usize>(s: S, m: usize, j: usize, g: &Gem
         i += first;
     }
     gemm_rows::<S, NV>(s, m - i, i, j, g);
+}
+
+/// One block of `rows` (at most 12) rows, for the 32-register paths.
+#[inline(always)]
+unsafe fn gemm_rows_wide<S: Simd, const NV: usize>(
+    s: S,
+    rows: usize,
+    i: usize,
+    j: usize,
+    g: &Gemm,
+) {
+    match rows {
+        12 => gemm_block::<S, 12, NV>(s, i, j, g),
+        11 => gemm_block::<S, 11, NV>(s, i, j, g),
+        10 => gemm_block::<S, 10, NV>(s, i, j, g),
+        9 => gemm_block::<S, 9, NV>(s, i, j, g),
+        8 => gemm_block::<S, 8, NV>(s, i, j, g),
+        7 => gemm_block::<S, 7, NV>(s, i, j, g),
+        _ => gemm_rows::<S, NV>(s, rows, i, j, g),
+    }
 }
 
 /// One block of `rows` (at most 6) rows.
