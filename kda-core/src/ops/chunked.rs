@@ -184,10 +184,9 @@ struct Scratch<'a> {
     cum_hi: &'a mut [f32],
     /// `[C, K]` low part of `b` (the rounding error of `cum_hi`, TwoSum-compensated).
     cum_lo: &'a mut [f32],
-    /// `[C, K]` `q ⊙ e^{b − b_0}` (a tame chunk's, see [`tame_factors`]).
-    qf: &'a mut [f32],
-    /// `[C, K]` `k ⊙ e^{b − b_0}` (likewise).
-    kf: &'a mut [f32],
+    /// `[2C, K]` rows `0..l`: `q ⊙ e^{b − b_0}`, rows `l..2l`: `k ⊙ e^{b − b_0}` (a tame
+    /// chunk's, see [`tame_factors`]; stacked so that one product gives both `A`s).
+    qkf: &'a mut [f32],
     /// `[2C, K]` rows `0..l`: `scale · q ⊙ e^{b}`, rows `l..2l`: `k ⊙ e^{b}` (queries and keys
     /// decayed to the chunk start, stacked so that one product with the state serves both).
     decayed: &'a mut [f32],
@@ -203,10 +202,9 @@ struct Scratch<'a> {
     k_block: &'a mut [f32],
     /// `[K, C]` `k̂` transposed (in a tame chunk, `k ⊙ e^{b_0 − b}` transposed).
     k_hat_t: &'a mut [f32],
-    /// `[C, C]` `A_qk` (scaled, lower triangular with diagonal).
-    a_qk: &'a mut [f32],
-    /// `[C, C]` `−A_kk` (β-scaled rows, strictly lower triangular).
-    neg_a_kk: &'a mut [f32],
+    /// `[2C, C]` rows `0..l`: `A_qk` (scaled, lower triangular with diagonal); rows `l..2l`:
+    /// `−A_kk` (β-scaled rows, strictly lower triangular). Both `[l, l]` (see [`split_a`]).
+    a: &'a mut [f32],
     /// `[2C, V]` rows `0..l`: the chunk's outputs; rows `l..2l`: the right-hand side, then the
     /// innovations `Δ` in place (the two products with the state, stacked like `decayed`).
     out_delta: &'a mut [f32],
@@ -225,8 +223,8 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
         return 0;
     }
     let c = chunk;
-    // Nine [C, K] (cum_hi … k_hat_t, decayed counting two), two [16, K] (q_block, k_block),
-    // two [C, C] (a_qk, neg_a_kk), two [C, V] (out_delta), three [K] (chunk_decay,
+    // Nine [C, K] (cum_hi … k_hat_t, qkf and decayed counting two), two [16, K] (q_block,
+    // k_block), two [C, C] (a), two [C, V] (out_delta), three [K] (chunk_decay,
     // first_decay, last_exps).
     // Saturating: an impossible size makes the caller's workspace check fail, not overflow.
     (9 * c)
@@ -240,16 +238,14 @@ pub fn chunked_scratch_len(chunk: usize, k: usize, v: usize) -> usize {
 fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     let (cum_hi, rest) = buf.split_at_mut(c * k);
     let (cum_lo, rest) = rest.split_at_mut(c * k);
-    let (qf, rest) = rest.split_at_mut(c * k);
-    let (kf, rest) = rest.split_at_mut(c * k);
+    let (qkf, rest) = rest.split_at_mut(2 * c * k);
     let (decayed, rest) = rest.split_at_mut(2 * c * k);
     let (k_to_end, rest) = rest.split_at_mut(c * k);
     let (k_to_end_t, rest) = rest.split_at_mut(c * k);
     let (k_hat_t, rest) = rest.split_at_mut(c * k);
     let (q_block, rest) = rest.split_at_mut(SUB * k);
     let (k_block, rest) = rest.split_at_mut(SUB * k);
-    let (a_qk, rest) = rest.split_at_mut(c * c);
-    let (neg_a_kk, rest) = rest.split_at_mut(c * c);
+    let (a, rest) = rest.split_at_mut(2 * c * c);
     let (out_delta, rest) = rest.split_at_mut(2 * c * v);
     let (chunk_decay, rest) = rest.split_at_mut(k);
     let (first_decay, rest) = rest.split_at_mut(k);
@@ -257,16 +253,14 @@ fn carve(buf: &mut [f32], c: usize, k: usize, v: usize) -> Scratch<'_> {
     Scratch {
         cum_hi,
         cum_lo,
-        qf,
-        kf,
+        qkf,
         decayed,
         k_to_end,
         k_to_end_t,
         q_block,
         k_block,
         k_hat_t,
-        a_qk,
-        neg_a_kk,
+        a,
         out_delta,
         chunk_decay,
         first_decay,
@@ -634,6 +628,7 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<boo
         (x.data, x.stride)
     }
     let (qd, kd_) = sc.decayed[..2 * l * kd].split_at_mut(l * kd);
+    let (qf, kf) = sc.qkf[..2 * l * kd].split_at_mut(l * kd);
     let tame = simd::tame_rows(
         isa,
         &simd::TameIn {
@@ -646,8 +641,8 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<boo
             limit: MAX_SPREAD,
         },
         &mut simd::TameOut {
-            qf: &mut sc.qf[..l * kd],
-            kf: &mut sc.kf[..l * kd],
+            qf,
+            kf,
             kb: &mut sc.k_to_end[..l * kd],
             qd,
             kd: kd_,
@@ -678,22 +673,15 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<boo
 }
 
 /// Step 3 of a tame chunk: `A_qk = scale·qf·kbᵀ` and `A_kk = kf·kbᵀ` over the whole chunk at
-/// once (no diagonal blocks), then scaled and cut like [`intra_chunk_matrices`].
+/// once (no diagonal blocks) in one product of the stacked factors, then scaled and cut like
+/// [`intra_chunk_matrices`].
 #[inline(always)]
 fn tame_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
     let (kd, l) = (inp.kd, inp.l);
-    let (aqk, nakk) = (&mut sc.a_qk[..l * l], &mut sc.neg_a_kk[..l * l]);
     let kbt = (&sc.k_hat_t[..kd * l], l);
-    let zero = CStart::Zero;
-    simd::gemm(isa, zero, (l, l, kd), (&sc.qf[..l * kd], kd), kbt, (aqk, l))?;
-    simd::gemm(
-        isa,
-        zero,
-        (l, l, kd),
-        (&sc.kf[..l * kd], kd),
-        kbt,
-        (nakk, l),
-    )?;
+    let qkf = (&sc.qkf[..2 * l * kd], kd);
+    let a = (&mut sc.a[..2 * l * l], l);
+    simd::gemm(isa, CStart::Zero, (2 * l, l, kd), qkf, kbt, a)?;
     scale_and_mask(inp, sc, 0, l);
     Ok(())
 }
@@ -745,8 +733,7 @@ fn row_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), 
 #[inline(always)]
 fn intra_chunk_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
     let l = inp.l;
-    sc.a_qk[..l * l].fill(0.0);
-    sc.neg_a_kk[..l * l].fill(0.0);
+    sc.a[..2 * l * l].fill(0.0);
     for (a0, a1) in sub_blocks(l) {
         block_products(isa, inp, sc, (a0, a1))?;
         scale_and_mask(inp, sc, a0, a1);
@@ -783,7 +770,7 @@ fn block_products(
             *kt = kv * f;
         }
     }
-    let (aqk, nakk) = (&mut sc.a_qk[..l * l], &mut sc.neg_a_kk[..l * l]);
+    let (aqk, nakk) = split_a(sc.a, l);
     if cols > 0 {
         // k̂ [cols, K]: k_j ⊙ e^{b_{a0} − b_j}, then transposed to [K, cols].
         let kh = &mut sc.k_to_end[..cols * kd];
@@ -857,14 +844,21 @@ fn diagonal_per_pair(
     }
 }
 
+/// `A_qk` and `−A_kk`, each `[l, l]`, out of their stacked buffer.
+#[inline(always)]
+fn split_a(a: &mut [f32], l: usize) -> (&mut [f32], &mut [f32]) {
+    a[..2 * l * l].split_at_mut(l * l)
+}
+
 /// Rows `a0..a1`: `A_qk` scaled and cut to `j ≤ i`; `A_kk` times `−β_i` and cut to `j < i`.
 #[inline(always)]
 fn scale_and_mask(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>, a0: usize, a1: usize) {
     let l = inp.l;
     for i in a0..a1 {
         let nb = -inp.beta.at(i);
-        let qa = &mut sc.a_qk[i * l..(i + 1) * l];
-        let na = &mut sc.neg_a_kk[i * l..(i + 1) * l];
+        let (aqk, nakk) = split_a(sc.a, l);
+        let qa = &mut aqk[i * l..(i + 1) * l];
+        let na = &mut nakk[i * l..(i + 1) * l];
         for (j, (x, y)) in qa.iter_mut().zip(na.iter_mut()).enumerate() {
             *x = if j <= i { *x * inp.scale } else { 0.0 };
             *y = if j < i { *y * nb } else { 0.0 };
@@ -900,7 +894,7 @@ fn state_products(
 fn innovations(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
     let (vd, l) = (inp.vd, inp.l);
     let r = &mut sc.out_delta[l * vd..2 * l * vd];
-    let nakk = &sc.neg_a_kk[..l * l];
+    let nakk = &sc.a[l * l..2 * l * l];
     for (i, rr) in r.chunks_exact_mut(vd).enumerate() {
         let b = inp.beta.at(i);
         for (x, &v) in rr.iter_mut().zip(inp.v.row(i)) {
@@ -956,7 +950,7 @@ fn accumulate_rows(cur: &mut [f32], coef: &[f32], rows: &[f32], vd: usize) {
 #[inline(always)]
 fn chunk_outputs(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
     let (vd, l) = (inp.vd, inp.l);
-    let aqk = &sc.a_qk[..l * l];
+    let aqk = &sc.a[..l * l];
     let (o, delta) = sc.out_delta[..2 * l * vd].split_at_mut(l * vd);
     let delta = &*delta;
     let finite = all_finite(delta);
