@@ -133,7 +133,7 @@ fn chunk_gemms(c: &mut Criterion, isa: Isa) {
     for (name, (m, n, k)) in [
         ("state_products_32x128x128", (32usize, 128usize, 128usize)),
         ("state_update_16x128x16", (16, 128, 16)),
-        ("intra_chunk_16x16x128", (16, 16, 128)),
+        ("intra_chunk_a_32x16x128", (32, 16, 128)),
     ] {
         let a = vec![0.01f32; m * k];
         let b = vec![0.02f32; k * n];
