@@ -854,9 +854,9 @@ fn split_a(a: &mut [f32], l: usize) -> (&mut [f32], &mut [f32]) {
 #[inline(always)]
 fn scale_and_mask(inp: &ChunkIn<'_>, sc: &mut Scratch<'_>, a0: usize, a1: usize) {
     let l = inp.l;
+    let (aqk, nakk) = split_a(sc.a, l);
     for i in a0..a1 {
         let nb = -inp.beta.at(i);
-        let (aqk, nakk) = split_a(sc.a, l);
         let qa = &mut aqk[i * l..(i + 1) * l];
         let na = &mut nakk[i * l..(i + 1) * l];
         for (j, (x, y)) in qa.iter_mut().zip(na.iter_mut()).enumerate() {

@@ -642,10 +642,10 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
 /// enough independent accumulators to hide the FMA latency; the chunked form's state products
 /// (m = 32 at chunk 16) were 12 + 12 + 4 + 4, and their two 4-row blocks (8 accumulators, no
 /// slack over the FMA latency) slowed the whole product (README, eighteenth session).
-/// Otherwise: blocks of 6, a
-/// rest of 1 to 3 rows merged with the last 6-row block and split as evenly as it goes (7 =
-/// 4 + 3, 8 = 4 + 4, 9 = 5 + 4): a block of 2 rows has too few accumulators. The block shape
-/// never changes a result: every element is its own chain over `p`.
+/// Otherwise: blocks of 6, a rest of 1 to 3 rows merged with the last 6-row block and split as
+/// evenly as it goes (7 = 4 + 3, 8 = 4 + 4, 9 = 5 + 4): a block of 2 rows has too few
+/// accumulators. The block shape never changes a result: every element is its own chain over
+/// `p`.
 #[inline(always)]
 unsafe fn gemm_panel<S: Simd, const NV: usize>(s: S, m: usize, j: usize, g: &Gemm) {
     let mut i = 0;
