@@ -9,7 +9,7 @@
 //! the same run.
 //!
 //! ```text
-//! cargo run --release -p kda-cuda --example bench [-- --quick]
+//! cargo run --release -p kda-cuda --example bench [-- --quick] [--chunk N] [--hbm-gbps N]
 //! ```
 //!
 //! Timing: wall clock around `iters` back-to-back calls after two warm-up calls, with a
@@ -229,7 +229,7 @@ fn prefill(
     let mut ws = DeviceWorkspace::new(be, be.forward_workspace_len(&c, t)?)?;
     be.opts = CudaOptions {
         mode,
-        chunk_size: None,
+        chunk_size: chunk_arg(),
     };
     let chunk = if mode == Mode::Recurrent {
         "-".to_string()
@@ -286,6 +286,13 @@ fn decode(
     });
     measured(rows);
     Ok(())
+}
+
+/// `--chunk N`: the chunk size of the chunked rows (default: the backend's choice).
+fn chunk_arg() -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--chunk")?;
+    args.get(i + 1)?.parse().ok()
 }
 
 fn main() {
