@@ -323,6 +323,7 @@ int main() {
         {"lower-bound H2 K64 W1 C48", 2, 64, 1, 1, -5.0f, {0, 2, 70}, 48, 0.0f, 4},
         {"hard resets H1 K32 W4 C32", 1, 32, 4, 0, 0.0f, {0, 90}, 32, 7.0f, 5},
         {"softplus H1 K160 W3 C16 (global)", 1, 160, 3, 0, 0.0f, {0, 20, 41}, 16, 0.0f, 6},
+        {"lower-bound H2 K128 W2 C64 packed", 2, 128, 2, 1, -5.0f, {0, 1, 64, 129, 200}, 64, 0.0f, 7},
     };
     for (const auto& c : cases) {
         for (bool chunked : {true, false}) {
