@@ -12,7 +12,9 @@
 #       timeout_s=420)
 # Prints the check's steps and speed rows, the chunked rows at chunk 32 and 16, per-kernel times
 # (ncu, gpu__time_duration) for this build and the base into $OUT/ncu_{new,base}.csv, and fla's
-# fused_recurrent_kda decode on the same GPU. About 3 minutes.
+# fused_recurrent_kda decode on the same GPU, then builds and runs scripts/mma_probe.cu with the
+# machine's nvcc (tensor-core fragment layout, TF32 / 3xTF32 / SIMT accuracy and speed on the state
+# pass's product shape). About 3 minutes.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-ab}
 mkdir -p "$OUT"
@@ -39,4 +41,10 @@ if [ -d .whl/site/fla ]; then
     PYTHONPATH=$PWD/.whl/site PYTHONUNBUFFERED=1 timeout 120 python3 kda-cuda/scripts/fla_gpu_bench.py \
         --decode-only 2>&1 | tee "$OUT/fla_decode.log"
     echo "fla rc=$?"
+fi
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null | head -1)
+if [ -n "$NVCC" ]; then
+    timeout 120 "$NVCC" -O3 -arch=sm_90 -o /tmp/mma_probe kda-cuda/scripts/mma_probe.cu &&
+        timeout 60 /tmp/mma_probe 2>&1 | tee "$OUT/mma_probe.log"
+    echo "mma probe rc=$?"
 fi
