@@ -1,12 +1,12 @@
 #!/bin/bash
 # One device call that checks a kernel change and times it against a base build.
 #
-# Prepare (on a machine with Rust, in the checkout the device tool sends):
-#   kda-cuda/scripts/gpu-check.sh --build-only target/gpu-prebuilt          # this branch
-#   git worktree add /tmp/kda-base main && (cd /tmp/kda-base &&
-#     cargo build --release -p kda-cuda --example bench) &&
-#     mkdir -p .whl && cp /tmp/kda-base/target/release/examples/bench .whl/bench-base
-#   (optional, for fla's kernels beside ours: copy fla-core 0.6.0's `fla` package to .whl/site/fla)
+# Prepare, on a machine with Rust, in the checkout the device tool sends (the change checked out):
+#   kda-cuda/scripts/gpu-ab.sh --prepare BASE_REF [PYTHON]
+# builds this checkout's prebuilt check into target/gpu-prebuilt, BASE_REF's bench (in a temporary
+# git worktree) into .whl/bench-base, and copies fla-core's `fla` package from PYTHON's
+# site-packages (a venv with fla-core 0.6.0, e.g. ~/.cache/kda-py/venv-*/bin/python) into
+# .whl/site/fla for fla's kernels beside ours. `.whl/` must be ignored (.git/info/exclude).
 # Run (device tool):
 #   run(command="OUT=$OUT bash kda-cuda/scripts/gpu-ab.sh", carry=["target/gpu-prebuilt", ".whl"],
 #       timeout_s=420)
@@ -16,6 +16,29 @@
 # machine's nvcc (tensor-core fragment layout, TF32 / 3xTF32 / SIMT accuracy and speed on the state
 # pass's product shape). About 3 minutes.
 set -o pipefail
+if [ "${1:-}" = --prepare ]; then
+    set -e
+    base=${2:?usage: gpu-ab.sh --prepare BASE_REF [PYTHON]}
+    root=$(git rev-parse --show-toplevel)
+    cd "$root"
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    kda-cuda/scripts/gpu-check.sh --build-only target/gpu-prebuilt
+    wt=$(mktemp -d)
+    git worktree add --detach "$wt" "$base" > /dev/null
+    (cd "$wt" && CARGO_TARGET_DIR="$root/target/gpu-ab-base" cargo build --release -p kda-cuda --example bench)
+    git worktree remove --force "$wt"
+    mkdir -p .whl
+    cp target/gpu-ab-base/release/examples/bench .whl/bench-base
+    strip .whl/bench-base 2> /dev/null || true  # debug info would take most of the 64 MiB carry
+    if [ -n "${3:-}" ]; then
+        site=$("$3" -c 'import fla, os; print(os.path.dirname(os.path.dirname(fla.__file__)))')
+        rm -rf .whl/site && mkdir -p .whl/site && cp -r "$site/fla" .whl/site/
+        find .whl/site -name __pycache__ -prune -exec rm -rf {} +
+    fi
+    du -sh target/gpu-prebuilt .whl
+    echo 'next: run(command="OUT=$OUT bash kda-cuda/scripts/gpu-ab.sh", carry=["target/gpu-prebuilt", ".whl"], timeout_s=420)'
+    exit 0
+fi
 OUT=${OUT:-/tmp/gpu-ab}
 mkdir -p "$OUT"
 B=target/gpu-prebuilt/bin
