@@ -229,7 +229,7 @@ fn prefill(
     let mut ws = DeviceWorkspace::new(be, be.forward_workspace_len(&c, t)?)?;
     be.opts = CudaOptions {
         mode,
-        chunk_size: chunk_arg(),
+        chunk_size: flag_value("--chunk"),
     };
     let chunk = if mode == Mode::Recurrent {
         "-".to_string()
@@ -288,21 +288,17 @@ fn decode(
     Ok(())
 }
 
-/// `--chunk N`: the chunk size of the chunked rows (default: the backend's choice).
-fn chunk_arg() -> Option<usize> {
+/// The value after `--flag` on the command line, parsed (`None` when absent or unparsable).
+fn flag_value<T: std::str::FromStr>(flag: &str) -> Option<T> {
     let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == "--chunk")?;
+    let i = args.iter().position(|a| a == flag)?;
     args.get(i + 1)?.parse().ok()
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let hbm_override = args
-        .iter()
-        .position(|a| a == "--hbm-gbps")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse::<f64>().ok());
+    let hbm_override = flag_value::<f64>("--hbm-gbps");
     let mut be = match CudaBackend::new(0) {
         Ok(be) => be,
         Err(e) => {
