@@ -324,6 +324,8 @@ int main() {
         {"hard resets H1 K32 W4 C32", 1, 32, 4, 0, 0.0f, {0, 90}, 32, 7.0f, 5},
         {"softplus H1 K160 W3 C16 (global)", 1, 160, 3, 0, 0.0f, {0, 20, 41}, 16, 0.0f, 6},
         {"lower-bound H2 K128 W2 C64 packed", 2, 128, 2, 1, -5.0f, {0, 1, 64, 129, 200}, 64, 0.0f, 7},
+        {"softplus H2 K48 W3 C37 packed", 2, 48, 3, 0, 0.0f, {0, 37, 38, 120}, 37, 0.0f, 8},
+        {"lower-bound H2 K20 W2 C21 packed", 2, 20, 2, 1, -5.0f, {0, 21, 30, 73}, 21, 0.0f, 9},
     };
     for (const auto& c : cases) {
         for (bool chunked : {true, false}) {
