@@ -6,6 +6,9 @@
 //!
 //! Work unit: 4·K·V FMAs per token (decay, predict, write, read), whatever the algorithm does;
 //! criterion's "elem/s" is therefore FMA/s and comparable with the peak group's.
+//!
+//! `KDA_BENCH_ISA=avx2` (or any name `Isa::name` prints) runs the kernels and the peak on that
+//! path instead of the fastest one, e.g. the AVX2 path on an AVX-512 machine.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -89,17 +92,19 @@ fn run_chunked(isa: Isa, c: usize, x: &Inputs, v: &mut [f32], s: &mut [f32], scr
 
 #[path = "common/peak.rs"]
 mod peak;
-use peak::fma_peak;
+use peak::{bench_isa, fma_peak};
 
 fn bench(c: &mut Criterion) {
-    let isa = Isa::detect();
+    let isa = bench_isa();
     println!(
         "ISA: {} (kernels and the FMA peak below run on it)",
         isa.name()
     );
     let mut g = c.benchmark_group("fma_peak");
-    g.throughput(Throughput::Elements(fma_peak(1).0 as u64 * 100_000));
-    g.bench_function("single_core", |b| b.iter(|| black_box(fma_peak(100_000))));
+    g.throughput(Throughput::Elements(fma_peak(isa, 1).0 as u64 * 100_000));
+    g.bench_function("single_core", |b| {
+        b.iter(|| black_box(fma_peak(isa, 100_000)))
+    });
     g.finish();
 
     for &t in &[256usize, 1024, 4096] {
@@ -161,9 +166,9 @@ fn summary(isa: Isa) {
         best
     };
     let iters = 2_000_000;
-    let peak = fma_peak(iters).0 as f64
+    let peak = fma_peak(isa, iters).0 as f64
         / time(&mut || {
-            black_box(fma_peak(iters));
+            black_box(fma_peak(isa, iters));
         });
     println!(
         "\nsummary ({isa:?}): single-core f32 FMA peak {:.1} GFMA/s ({:.1} GFLOP/s)",

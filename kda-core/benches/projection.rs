@@ -1,6 +1,7 @@
 //! The projections as GEMM at Kimi Linear's layer shape: x `[M = 1024, 2304]` times
 //! `q_proj` `[4096, 2304]`ᵀ, f32 and bf16 weights, one thread, blocks of 256 tokens as the
 //! layer runs them. Throughput in FMAs/s, next to the FMA peak measured in the same run.
+//! `KDA_BENCH_ISA=avx2` (any name `Isa::name` prints) benches that path instead of the fastest.
 
 use std::hint::black_box;
 
@@ -13,7 +14,7 @@ use kda_core::{bf16, Data, Isa, MatRef};
 
 #[path = "common/peak.rs"]
 mod peak;
-use peak::fma_peak;
+use peak::{bench_isa, fma_peak};
 
 const M: usize = 1024;
 const N_IN: usize = 2304;
@@ -72,14 +73,16 @@ fn run_pairs(isa: Isa, pairs: &[u32], w: &MatRef<'_>, out: &mut [f32], scratch_l
 }
 
 fn bench(c: &mut Criterion) {
-    let isa = Isa::detect();
+    let isa = bench_isa();
     println!(
         "ISA: {} (kernels and the FMA peak below run on it)",
         isa.name()
     );
     let mut g = c.benchmark_group("fma_peak");
-    g.throughput(Throughput::Elements(fma_peak(1).0 as u64 * 100_000));
-    g.bench_function("single_core", |b| b.iter(|| black_box(fma_peak(100_000))));
+    g.throughput(Throughput::Elements(fma_peak(isa, 1).0 as u64 * 100_000));
+    g.bench_function("single_core", |b| {
+        b.iter(|| black_box(fma_peak(isa, 100_000)))
+    });
     g.finish();
     let x: Vec<f32> = (0..M * N_IN)
         .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
