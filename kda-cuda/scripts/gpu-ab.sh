@@ -9,7 +9,7 @@
 # .whl/site/fla for fla's kernels beside ours. `.whl/` must be ignored (.git/info/exclude).
 # Run (device tool):
 #   run(command="OUT=$OUT bash kda-cuda/scripts/gpu-ab.sh", carry=["target/gpu-prebuilt", ".whl"],
-#       timeout_s=420)
+#       timeout_s=480)
 # Prints the check's steps and speed rows, the chunked rows at chunk 32 and 16, per-kernel times
 # (ncu, gpu__time_duration) for this build and the base into $OUT/ncu_{new,base}.csv, and fla's
 # fused_recurrent_kda decode on the same GPU, then builds and runs scripts/mma_probe.cu with the
@@ -36,7 +36,7 @@ if [ "${1:-}" = --prepare ]; then
         find .whl/site -name __pycache__ -prune -exec rm -rf {} +
     fi
     du -sh target/gpu-prebuilt .whl
-    echo 'next: run(command="OUT=$OUT bash kda-cuda/scripts/gpu-ab.sh", carry=["target/gpu-prebuilt", ".whl"], timeout_s=420)'
+    echo 'next: run(command="OUT=$OUT bash kda-cuda/scripts/gpu-ab.sh", carry=["target/gpu-prebuilt", ".whl"], timeout_s=480)'
     exit 0
 fi
 OUT=${OUT:-/tmp/gpu-ab}
