@@ -32,7 +32,7 @@
 
 use super::{HeadDims, HeadRows};
 use crate::error::{check_len, KdaError};
-use crate::simd::{self, CStart, Isa};
+use crate::simd::{self, CStart, Isa, RowQueue};
 
 /// Rows of the diagonal blocks of `A`.
 const SUB: usize = 16;
@@ -175,6 +175,38 @@ pub struct StridedHead<'a> {
     pub state: &'a mut [f32],
     /// The query scale.
     pub scale: f32,
+    /// Rows the caller runs next (for example the next head's), prefetched a few at a time
+    /// while the last chunk runs; `None` if nothing follows or the caller fetches them itself.
+    pub next: Option<NextRows<'a>>,
+}
+
+/// Input rows a caller runs after a [`StridedHead`] (`tokens` rows of each), which the kernel
+/// prefetches during its last chunk: rows a page apart (one head of `[T, H, K]` tensors) are
+/// beyond the reach of the hardware prefetchers, and a single burst of prefetches for all of
+/// them is mostly dropped by some cores (README, twenty-first session).
+#[derive(Debug, Clone, Copy)]
+pub struct NextRows<'a> {
+    /// Rows of each input.
+    pub tokens: usize,
+    /// Queries.
+    pub q: StridedRows<'a>,
+    /// Keys.
+    pub k: StridedRows<'a>,
+    /// Log-decays.
+    pub g: StridedRows<'a>,
+    /// Write strengths.
+    pub beta: StridedRows<'a>,
+    /// Values.
+    pub v: StridedRows<'a>,
+}
+
+impl<'a> NextRows<'a> {
+    /// Queues the rows in the order the kernel reads them.
+    fn queue_into(&self, queue: &mut RowQueue<'a>) {
+        for x in [self.q, self.k, self.g, self.beta, self.v] {
+            queue.push(x.data, (self.tokens, x.dim, x.stride));
+        }
+    }
 }
 
 /// The scratch slices of one chunk of `l ≤ C` rows, carved from the caller's buffer. `b` is the
@@ -357,7 +389,7 @@ pub fn chunked_head(
             head.chunk(n0, nl, v).prefetch();
         }
         let v = StridedRows::contiguous(&v_o[vals(c0, l)], vd);
-        one_chunk(isa, &head.chunk(c0, l, v), state, &mut sc)?;
+        one_chunk(isa, &head.chunk(c0, l, v), state, &mut sc, &RowQueue::new())?;
         v_o[vals(c0, l)].copy_from_slice(&sc.out_delta[..l * vd]);
     }
     Ok(())
@@ -384,6 +416,7 @@ pub fn chunked_head_strided(
         v,
         state,
         scale,
+        next,
     } = head;
     let (kd, vd) = (q.dim, v.dim);
     q.check("q", tokens, kd)?;
@@ -407,10 +440,18 @@ pub fn chunked_head_strided(
     };
     let mut grid = chunk_grid(tokens, chunks).peekable();
     while let Some((c0, l)) = grid.next() {
-        if let Some(&(n0, nl)) = grid.peek() {
-            head.chunk(n0, nl, v.skip_rows(n0)).prefetch();
+        // What runs next, fetched a row at a time by the chunk's products.
+        let after = match grid.peek() {
+            Some(&(n0, nl)) => Some(head.chunk(n0, nl, v.skip_rows(n0)).rows()),
+            None => next,
+        };
+        let mut queue = RowQueue::new();
+        if let Some(rows) = after {
+            rows.queue_into(&mut queue);
         }
-        one_chunk(isa, &head.chunk(c0, l, v.skip_rows(c0)), state, &mut sc)?;
+        let inp = head.chunk(c0, l, v.skip_rows(c0));
+        one_chunk(isa, &inp, state, &mut sc, &queue)?;
+        queue.drain();
         out(c0, &sc.out_delta[..l * vd]);
     }
     Ok(())
@@ -504,10 +545,22 @@ struct ChunkIn<'a> {
     vd: usize,
 }
 
-impl ChunkIn<'_> {
-    /// Hints the caches to fetch the chunk's input rows (the next chunk's, while one runs:
-    /// rows of a head inside a `[T, H, K]` tensor are a page apart, beyond the reach of the
-    /// hardware prefetchers).
+impl<'a> ChunkIn<'a> {
+    /// The chunk's input rows, to queue for prefetching.
+    #[inline(always)]
+    fn rows(&self) -> NextRows<'a> {
+        NextRows {
+            tokens: self.l,
+            q: self.q,
+            k: self.k,
+            g: self.g,
+            beta: self.beta,
+            v: self.v,
+        }
+    }
+
+    /// Hints the caches to fetch the chunk's input rows in one burst ([`chunked_head`]'s next
+    /// chunk, contiguous rows; strided rows go through a `RowQueue` instead).
     #[inline(always)]
     fn prefetch(&self) {
         for x in [self.q, self.k, self.g, self.beta, self.v] {
@@ -524,20 +577,21 @@ fn one_chunk(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
 ) -> Result<(), KdaError> {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx512F | Isa::Avx512Bf16) && isa.is_supported() {
         // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked just above); the function
         // has no other requirement (it is safe Rust compiled with those features enabled).
-        return unsafe { one_chunk_avx512(isa, inp, state, sc) };
+        return unsafe { one_chunk_avx512(isa, inp, state, sc, queue) };
     }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma && isa.is_supported() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above); the function has no
         // other requirement (it is safe Rust compiled with those features enabled).
-        return unsafe { one_chunk_avx2(isa, inp, state, sc) };
+        return unsafe { one_chunk_avx2(isa, inp, state, sc, queue) };
     }
-    one_chunk_body(isa, inp, state, sc)
+    one_chunk_body(isa, inp, state, sc, queue)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -547,8 +601,9 @@ unsafe fn one_chunk_avx2(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
 ) -> Result<(), KdaError> {
-    one_chunk_body(isa, inp, state, sc)
+    one_chunk_body(isa, inp, state, sc, queue)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -558,8 +613,9 @@ unsafe fn one_chunk_avx512(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
 ) -> Result<(), KdaError> {
-    one_chunk_body(isa, inp, state, sc)
+    one_chunk_body(isa, inp, state, sc, queue)
 }
 
 /// One chunk of `l` rows: the steps of the module docs, each its own function (inlined, so
@@ -570,18 +626,19 @@ fn one_chunk_body(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
 ) -> Result<(), KdaError> {
     if tame_factors(isa, inp, sc)? {
-        tame_matrices(isa, inp, sc)?;
+        tame_matrices(isa, inp, sc, queue)?;
     } else {
         cumulative_decay(inp, sc);
         row_factors(isa, inp, sc)?;
         intra_chunk_matrices(isa, inp, sc)?;
     }
-    state_products(isa, inp, state, sc)?;
+    state_products(isa, inp, state, sc, queue)?;
     innovations(isa, inp, sc)?;
-    chunk_outputs(isa, inp, sc)?;
-    update_state(isa, inp, state, sc)
+    chunk_outputs(isa, inp, sc, queue)?;
+    update_state(isa, inp, state, sc, queue)
 }
 
 /// Step 1 of a chunk that is not tame: compensated chunk-local cumulative sums `b` of the
@@ -676,12 +733,17 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<boo
 /// once (no diagonal blocks) in one product of the stacked factors, then scaled and cut like
 /// [`intra_chunk_matrices`].
 #[inline(always)]
-fn tame_matrices(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+fn tame_matrices(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
+) -> Result<(), KdaError> {
     let (kd, l) = (inp.kd, inp.l);
     let kbt = (&sc.k_hat_t[..kd * l], l);
     let qkf = (&sc.qkf[..2 * l * kd], kd);
     let a = (&mut sc.a[..2 * l * l], l);
-    simd::gemm(isa, CStart::Zero, (2 * l, l, kd), qkf, kbt, a)?;
+    simd::gemm_queued(isa, CStart::Zero, (2 * l, l, kd), qkf, kbt, a, Some(queue))?;
     scale_and_mask(inp, sc, 0, l);
     Ok(())
 }
@@ -874,17 +936,20 @@ fn state_products(
     inp: &ChunkIn<'_>,
     state: &[f32],
     sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
 ) -> Result<(), KdaError> {
     let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
     let od = &mut sc.out_delta[..2 * l * vd];
     let qk = (&sc.decayed[..2 * l * kd], kd);
-    simd::gemm(
+    let shape = (2 * l, vd, kd);
+    simd::gemm_queued(
         isa,
         CStart::Zero,
-        (2 * l, vd, kd),
+        shape,
         qk,
         (state, vd),
         (od, vd),
+        Some(queue),
     )
 }
 
@@ -948,7 +1013,12 @@ fn accumulate_rows(cur: &mut [f32], coef: &[f32], rows: &[f32], vd: usize) {
 /// row by row over `j ≤ i` instead, so that a bad token never reaches the rows before it
 /// (`0 · NaN` would).
 #[inline(always)]
-fn chunk_outputs(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<(), KdaError> {
+fn chunk_outputs(
+    isa: Isa,
+    inp: &ChunkIn<'_>,
+    sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
+) -> Result<(), KdaError> {
     let (vd, l) = (inp.vd, inp.l);
     let aqk = &sc.a[..l * l];
     let (o, delta) = sc.out_delta[..2 * l * vd].split_at_mut(l * vd);
@@ -956,17 +1026,14 @@ fn chunk_outputs(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<()
     let finite = all_finite(delta);
     for (a0, a1) in sub_blocks(l) {
         let cols = if finite { a1 } else { a0 };
-        simd::gemm_acc(
+        simd::gemm_queued(
             isa,
-            a1 - a0,
-            vd,
-            cols,
-            &aqk[a0 * l..],
-            l,
-            delta,
-            vd,
-            &mut o[a0 * vd..],
-            vd,
+            CStart::Keep,
+            (a1 - a0, vd, cols),
+            (&aqk[a0 * l..], l),
+            (delta, vd),
+            (&mut o[a0 * vd..], vd),
+            Some(queue),
         )?;
         if !finite {
             for i in a0..a1 {
@@ -996,6 +1063,7 @@ fn update_state(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
+    queue: &RowQueue<'_>,
 ) -> Result<(), KdaError> {
     let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
     let delta = &sc.out_delta[l * vd..2 * l * vd];
@@ -1007,7 +1075,8 @@ fn update_state(
         let rows = &mut state[d0 * vd..d1 * vd];
         let decay = CStart::ScaledRows(&sc.chunk_decay[d0..d1]);
         let kt = (&sc.k_to_end_t[d0 * l..d1 * l], l);
-        simd::gemm(isa, decay, (d1 - d0, vd, l), kt, (delta, vd), (rows, vd))?;
+        let shape = (d1 - d0, vd, l);
+        simd::gemm_queued(isa, decay, shape, kt, (delta, vd), (rows, vd), Some(queue))?;
     }
     Ok(())
 }
@@ -1244,26 +1313,41 @@ mod tests {
                 ] {
                     let (want_o, want_s) = chunked(&c, kd, vd, chunks, isa);
                     let mut scr = std::vec![0.0; chunked_scratch_len(chunks.size, kd, vd)];
-                    let mut state = c.s0.clone();
-                    let head = StridedHead {
-                        tokens: t,
-                        q: rows(&q, kd, heads, h),
-                        k: rows(&k, kd, heads, h),
-                        g: rows(&g, kd, heads, h),
-                        beta: rows(&beta, 1, heads, h),
-                        v: rows(&v, vd, heads, h),
-                        state: &mut state,
-                        scale: 1.0 / (kd as f32).sqrt(),
+                    // Rows to prefetch for what runs next (head 0's, more tokens than the
+                    // buffers hold: the queue leaves out what does not fit) change nothing.
+                    let other = NextRows {
+                        tokens: 2 * t,
+                        q: rows(&q, kd, heads, 0),
+                        k: rows(&k, kd, heads, 0),
+                        g: rows(&g, kd, heads, 0),
+                        beta: rows(&beta, 1, heads, 0),
+                        v: rows(&v, vd, heads, 0),
                     };
-                    let mut o = Vec::new();
-                    chunked_head_strided(isa, head, chunks, &mut scr, |t0, rows| {
-                        assert_eq!(t0 * vd, o.len(), "chunks out of order");
-                        assert_eq!(rows.len() % vd, 0);
-                        o.extend_from_slice(rows);
-                    })
-                    .unwrap();
-                    assert_eq!(o, want_o, "{isa:?} gate {gate} {chunks:?}");
-                    assert_eq!(state, want_s, "{isa:?} gate {gate} {chunks:?}");
+                    for next in [None, Some(other)] {
+                        let mut state = c.s0.clone();
+                        let head = StridedHead {
+                            tokens: t,
+                            q: rows(&q, kd, heads, h),
+                            k: rows(&k, kd, heads, h),
+                            g: rows(&g, kd, heads, h),
+                            beta: rows(&beta, 1, heads, h),
+                            v: rows(&v, vd, heads, h),
+                            state: &mut state,
+                            scale: 1.0 / (kd as f32).sqrt(),
+                            next,
+                        };
+                        let mut o = Vec::new();
+                        chunked_head_strided(isa, head, chunks, &mut scr, |t0, rows| {
+                            assert_eq!(t0 * vd, o.len(), "chunks out of order");
+                            assert_eq!(rows.len() % vd, 0);
+                            o.extend_from_slice(rows);
+                        })
+                        .unwrap();
+                        let what =
+                            format!("{isa:?} gate {gate} {chunks:?} next {}", next.is_some());
+                        assert_eq!(o, want_o, "{what}");
+                        assert_eq!(state, want_s, "{what}");
+                    }
                 }
             }
         }
@@ -1285,6 +1369,7 @@ mod tests {
                 v: rows(&c.v),
                 state: &mut state,
                 scale: 1.0,
+                next: None,
             };
             let mut calls = 0;
             let r = chunked_head_strided(Isa::Portable, head, Chunks::of(16), &mut scr, |_, _| {

@@ -14,7 +14,7 @@
 use half::bf16;
 
 use super::vector::{column, round_pair, Elem, Simd, MAX_LANES};
-use super::{ReadLoads, DIRECT, PANEL};
+use super::{ReadLoads, RowQueue, DIRECT, PANEL};
 
 /// `y[i] += a·x[i]` (`x` at least as long as `y`).
 #[inline(always)]
@@ -564,7 +564,7 @@ pub(crate) unsafe fn softplus_scaled<S: Simd>(s: S, x: &mut [f32], c: f32) {
 
 /// The operands of `C += A·B` (row-major, leading dimensions in elements).
 #[derive(Clone, Copy)]
-pub(crate) struct Gemm {
+pub(crate) struct Gemm<'q> {
     /// `A` `[m, k]`.
     pub a: *const f32,
     /// Row stride of `A`.
@@ -581,7 +581,14 @@ pub(crate) struct Gemm {
     pub k: usize,
     /// How each block's accumulators start.
     pub c_start: CInit,
+    /// Rows to prefetch meanwhile, paced by the multiply-adds done ([`RowQueue::work`], counted
+    /// every [`QUEUE_STEP`] steps of a register block).
+    pub queue: Option<&'q RowQueue<'q>>,
 }
+
+/// Reduction steps of a GEMM register block between two reports of its work to its
+/// [`RowQueue`] (on the 32-register paths).
+const QUEUE_STEP: usize = 32;
 
 /// How a GEMM block's accumulators start: from `C`, from zero, or from `C`'s rows times
 /// per-row factors (`[m]`, one multiply per element, as a separate pass would do).
@@ -617,7 +624,35 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
             }
         }
     }
-    for p in 0..g.k {
+    // The queue's rows go out as the block runs: every `QUEUE_STEP` steps on the 32-register
+    // paths; on the others once per block (splitting their loop was measured slower).
+    let step = if S::GEMM_ROWS >= 12 { QUEUE_STEP } else { g.k };
+    let mut p0 = 0;
+    while p0 < g.k {
+        let p1 = g.k.min(p0 + step);
+        if let Some(q) = g.queue {
+            q.work(MR * NV * S::LANES * (p1 - p0));
+        }
+        gemm_steps(s, &mut acc, (i, j), (p0, p1), g);
+        p0 = p1;
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, acc) in acc.iter().enumerate() {
+            s.store(g.c.add((i + r) * g.ldc + j + v * S::LANES), *acc);
+        }
+    }
+}
+
+/// Steps `p0..p1` of [`gemm_block`]'s reduction.
+#[inline(always)]
+unsafe fn gemm_steps<S: Simd, const MR: usize, const NV: usize>(
+    s: S,
+    acc: &mut [[S::F; NV]; MR],
+    (i, j): (usize, usize),
+    (p0, p1): (usize, usize),
+    g: &Gemm,
+) {
+    for p in p0..p1 {
         let bp = g.b.add(p * g.ldb + j);
         let mut bv = [s.splat(0.0); NV];
         for (v, bv) in bv.iter_mut().enumerate() {
@@ -628,11 +663,6 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
             for v in 0..NV {
                 acc[v] = s.mul_add(av, bv[v], acc[v]);
             }
-        }
-    }
-    for (r, acc) in acc.iter().enumerate() {
-        for (v, acc) in acc.iter().enumerate() {
-            s.store(g.c.add((i + r) * g.ldc + j + v * S::LANES), *acc);
         }
     }
 }
