@@ -85,6 +85,15 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     const REGISTERS: usize = 32;
 
     #[inline(always)]
+    fn prefill_panels(self) -> usize {
+        if super::split_512_bit_fma() {
+            1
+        } else {
+            Self::PREFILL_PANELS
+        }
+    }
+
+    #[inline(always)]
     fn splat(self, x: f32) -> __m512 {
         unsafe { _mm512_set1_ps(x) }
     }

@@ -1112,7 +1112,7 @@ fn even_blocks(n: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
 /// or bf16 in the panel layout, widened as it is loaded; each starting at step `k0`): tokens
 /// in register blocks of at most [`Simd::PANEL_TOKENS`], sized as evenly as they go (256 =
 /// 14·12 + 8·11, not 21·12 + 4: a block of a few tokens has too few chains per load), each
-/// block over the panels in turn, [`Simd::PREFILL_PANELS`] at a time, while its inputs are in
+/// block over the panels in turn, [`Simd::prefill_panels`] at a time, while its inputs are in
 /// L1.
 #[inline(always)]
 pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
@@ -1132,7 +1132,7 @@ pub(crate) unsafe fn panel_fma<S: Simd, W: Elem>(
         let xg = &xs[t0..t0 + mt];
         let mut p = 0;
         while p < panels.len() {
-            let np = S::PREFILL_PANELS.min(panels.len() - p);
+            let np = s.prefill_panels().min(panels.len() - p);
             let a = ap.add(t0 * ld + p * PANEL);
             let pf = b == 0 && ahead_ok && ahead.len() >= p + np;
             macro_rules! shape {
@@ -1585,7 +1585,7 @@ unsafe fn pairs_step<S: Simd, const MT: usize>(
 /// `acc[t·ld + 16p + r]` over pairs `j0..j1` for token rows of bf16 pairs `xs[t]` (from
 /// [`round_pairs_row`]): the bf16 precision mode's prefill GEMM, its tokens in register
 /// blocks as [`panel_fma`]'s, each block over the panels in turn,
-/// [`Simd::PREFILL_PANELS`] at a time.
+/// [`Simd::prefill_panels`] at a time.
 #[inline(always)]
 pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
     s: S,
@@ -1600,7 +1600,7 @@ pub(crate) unsafe fn pairs_panel_fma<S: Simd>(
         let xg = &xs[t0..t0 + mt];
         let mut p = 0;
         while p < panels.len() {
-            let np = S::PREFILL_PANELS.min(panels.len() - p);
+            let np = s.prefill_panels().min(panels.len() - p);
             let a = ap.add(t0 * ld + p * PANEL);
             // As `panel_fma`'s: the first register block prefetches `ahead[p..p + np]` (each
             // from pair `j0`; addressed as the panels are, from pair 0).

@@ -162,6 +162,50 @@ fn avx512_supported() -> bool {
     false
 }
 
+/// Whether this CPU runs each 512-bit FMA as two 256-bit halves: AMD family 19h (Zen 4; Zen 3,
+/// the same family, has no AVX-512). Read once with CPUID and kept; on other x86-64 CPUs (Zen 5,
+/// Intel) false.
+#[cfg(target_arch = "x86_64")]
+fn split_512_bit_fma() -> bool {
+    use core::sync::atomic::{AtomicU8, Ordering};
+    // 0: not read yet, 1: no, 2: yes.
+    static SPLIT: AtomicU8 = AtomicU8::new(0);
+    match SPLIT.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let split = amd_family() == Some(0x19);
+            SPLIT.store(if split { 2 } else { 1 }, Ordering::Relaxed);
+            split
+        }
+    }
+}
+
+/// The CPU family (CPUID leaf 1, with the extended family) on an AMD CPU; `None` elsewhere.
+#[cfg(target_arch = "x86_64")]
+fn amd_family() -> Option<u32> {
+    // SAFETY: CPUID leaves 0 and 1 exist on every x86-64 CPU (`__cpuid` is a safe function
+    // in newer Rust, hence the `allow`).
+    #[allow(unused_unsafe)]
+    let (vendor, signature) = unsafe {
+        let v = core::arch::x86_64::__cpuid(0);
+        (
+            [v.ebx, v.edx, v.ecx],
+            core::arch::x86_64::__cpuid(1).eax,
+        )
+    };
+    // "AuthenticAMD" as CPUID returns it.
+    if vendor != [0x6874_7541, 0x6974_6e65, 0x444d_4163] {
+        return None;
+    }
+    let base = (signature >> 8) & 0xf;
+    Some(if base == 0xf {
+        base + ((signature >> 20) & 0xff)
+    } else {
+        base
+    })
+}
+
 #[cfg(all(target_arch = "x86_64", any(feature = "std", test)))]
 fn avx512_bf16_supported() -> bool {
     avx512_supported()
@@ -2308,5 +2352,25 @@ mod tests {
         p.work(usize::MAX / 2);
         p.drain();
         assert!(p.take().is_none());
+    }
+
+    /// CPUID's vendor and family, as read by [`amd_family`], agree with what Linux reports.
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn amd_family_matches_proc_cpuinfo() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            println!("skipped: no /proc/cpuinfo");
+            return;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find(|l| l.split(':').next().map(str::trim) == Some(name))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        };
+        let family: Option<u32> = field("cpu family").and_then(|f| f.parse().ok());
+        let amd = field("vendor_id").as_deref() == Some("AuthenticAMD");
+        assert_eq!(amd_family(), family.filter(|_| amd));
+        assert_eq!(split_512_bit_fma(), amd && family == Some(0x19));
     }
 }
