@@ -7,7 +7,9 @@
 
 use rayon::prelude::*;
 
-use crate::core_api::{self, CoreResult, GateForm, HeadTask, NextRows, StridedHead, StridedRows};
+use crate::core_api::{
+    self, CoreResult, GateForm, HeadTask, StridedHead, StridedInputs, StridedRows,
+};
 
 /// Tensor sizes of one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,40 +351,16 @@ fn head_inputs<'a>(c: &Ctx<'_, 'a>, t0: usize, hv: usize) -> [StridedRows<'a>; 5
     ]
 }
 
-/// The input rows of tokens `t0..t1` (`t0 < t1`) of value head `hv`, for the kernel to prefetch
-/// while it runs the head before.
-fn next_rows<'a>(c: &Ctx<'_, 'a>, (t0, t1): (usize, usize), hv: usize) -> NextRows<'a> {
+/// The input rows of tokens `t0..t1` (`t0 < t1`) of value head `hv`, read in place.
+fn head_view<'a>(c: &Ctx<'_, 'a>, (t0, t1): (usize, usize), hv: usize) -> StridedInputs<'a> {
     let [q, k, g, beta, v] = head_inputs(c, t0, hv);
-    NextRows {
+    StridedInputs {
         tokens: t1 - t0,
         q,
         k,
         g,
         beta,
         v,
-    }
-}
-
-/// Tokens `t0..t1` (`t0 < t1`) of value head `hv`, read in place, on `state`; `next`: the rows
-/// the caller runs after them.
-fn head_view<'s>(
-    c: &Ctx<'_, 's>,
-    (t0, t1): (usize, usize),
-    hv: usize,
-    state: &'s mut [f32],
-    next: Option<NextRows<'s>>,
-) -> StridedHead<'s> {
-    let [q, k, g, beta, v] = head_inputs(c, t0, hv);
-    StridedHead {
-        tokens: t1 - t0,
-        q,
-        k,
-        g,
-        beta,
-        v,
-        state,
-        scale: c.f.scale,
-        next,
     }
 }
 
@@ -402,7 +380,12 @@ fn run_in_place(
     if t0 == t1 {
         return Ok(());
     }
-    let view = head_view(c, (t0, t1), hv, state, None);
+    let view = StridedHead {
+        inputs: head_view(c, (t0, t1), hv),
+        state,
+        scale: c.f.scale,
+        next: None,
+    };
     core_api::chunked_head_view(c.isa, view, chunk, scratch, |j0, o| {
         for (j, row) in o.chunks_exact(d.v).enumerate() {
             sink.row(j0 + j).copy_from_slice(row);
@@ -532,13 +515,18 @@ fn run_serial_grouped(
                     // The next head's rows (the group's first head's of the next chunk after
                     // the last head) are fetched while this one runs.
                     let next = if hv + 1 < g1 {
-                        Some(next_rows(c, (b0, b1), hv + 1))
+                        Some(head_view(c, (b0, b1), hv + 1))
                     } else if b1 < t1 {
-                        Some(next_rows(c, (b1, (b1 + chunk).min(t1)), g0))
+                        Some(head_view(c, (b1, (b1 + chunk).min(t1)), g0))
                     } else {
                         None
                     };
-                    let view = head_view(c, (b0, b1), hv, st, next);
+                    let view = StridedHead {
+                        inputs: head_view(c, (b0, b1), hv),
+                        state: st,
+                        scale: c.f.scale,
+                        next,
+                    };
                     core_api::chunked_head_view(c.isa, view, chunk, &mut scratch, |j0, rows| {
                         for (j, row) in rows.chunks_exact(d.v).enumerate() {
                             let at = ((b0 + j0 + j) * d.v_heads + hv) * d.v;

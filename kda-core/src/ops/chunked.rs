@@ -155,10 +155,27 @@ impl<'a> StridedRows<'a> {
 }
 
 /// One head of one sequence read in place out of larger tensors (for example `[T, H, K]`
-/// inputs): the inputs of [`chunked_head_strided`]. `tokens` rows each; `q`, `k`, `g` rows of
-/// `K`, `beta` rows of 1, `v` rows of `V`.
+/// inputs), with its state: what [`chunked_head_strided`] runs.
 #[derive(Debug)]
 pub struct StridedHead<'a> {
+    /// The input rows.
+    pub inputs: StridedInputs<'a>,
+    /// `[K, V]` K-first state: initial in, final out.
+    pub state: &'a mut [f32],
+    /// The query scale.
+    pub scale: f32,
+    /// Input rows the caller runs next (for example the next head's), which the kernel
+    /// prefetches a row at a time during its last chunk: rows a page apart (one head of
+    /// `[T, H, K]` tensors) are beyond the reach of the hardware prefetchers, and one burst of
+    /// prefetches for all of them is mostly dropped by some cores (README, twenty-first
+    /// session). `None` if nothing follows or the caller fetches them itself.
+    pub next: Option<StridedInputs<'a>>,
+}
+
+/// The input rows of one head of one sequence, read in place: `tokens` rows each; `q`, `k`,
+/// `g` rows of `K`, `beta` rows of 1, `v` rows of `V`.
+#[derive(Debug, Clone, Copy)]
+pub struct StridedInputs<'a> {
     /// Tokens `T`.
     pub tokens: usize,
     /// Queries (L2-normalised).
@@ -171,36 +188,9 @@ pub struct StridedHead<'a> {
     pub beta: StridedRows<'a>,
     /// Values.
     pub v: StridedRows<'a>,
-    /// `[K, V]` K-first state: initial in, final out.
-    pub state: &'a mut [f32],
-    /// The query scale.
-    pub scale: f32,
-    /// Rows the caller runs next (for example the next head's), prefetched a few at a time
-    /// while the last chunk runs; `None` if nothing follows or the caller fetches them itself.
-    pub next: Option<NextRows<'a>>,
 }
 
-/// Input rows a caller runs after a [`StridedHead`] (`tokens` rows of each), which the kernel
-/// prefetches during its last chunk: rows a page apart (one head of `[T, H, K]` tensors) are
-/// beyond the reach of the hardware prefetchers, and a single burst of prefetches for all of
-/// them is mostly dropped by some cores (README, twenty-first session).
-#[derive(Debug, Clone, Copy)]
-pub struct NextRows<'a> {
-    /// Rows of each input.
-    pub tokens: usize,
-    /// Queries.
-    pub q: StridedRows<'a>,
-    /// Keys.
-    pub k: StridedRows<'a>,
-    /// Log-decays.
-    pub g: StridedRows<'a>,
-    /// Write strengths.
-    pub beta: StridedRows<'a>,
-    /// Values.
-    pub v: StridedRows<'a>,
-}
-
-impl<'a> NextRows<'a> {
+impl<'a> StridedInputs<'a> {
     /// Queues the rows in the order the kernel reads them.
     fn queue_into(&self, queue: &mut RowQueue<'a>) {
         for x in [self.q, self.k, self.g, self.beta, self.v] {
@@ -408,16 +398,19 @@ pub fn chunked_head_strided(
 ) -> Result<(), KdaError> {
     check_chunk_size(chunks.size)?;
     let StridedHead {
+        inputs,
+        state,
+        scale,
+        next,
+    } = head;
+    let StridedInputs {
         tokens,
         q,
         k,
         g,
         beta,
         v,
-        state,
-        scale,
-        next,
-    } = head;
+    } = inputs;
     let (kd, vd) = (q.dim, v.dim);
     q.check("q", tokens, kd)?;
     k.check("k", tokens, kd)?;
@@ -548,8 +541,8 @@ struct ChunkIn<'a> {
 impl<'a> ChunkIn<'a> {
     /// The chunk's input rows, to queue for prefetching.
     #[inline(always)]
-    fn rows(&self) -> NextRows<'a> {
-        NextRows {
+    fn rows(&self) -> StridedInputs<'a> {
+        StridedInputs {
             tokens: self.l,
             q: self.q,
             k: self.k,
@@ -1315,23 +1308,18 @@ mod tests {
                     let mut scr = std::vec![0.0; chunked_scratch_len(chunks.size, kd, vd)];
                     // Rows to prefetch for what runs next (head 0's, more tokens than the
                     // buffers hold: the queue leaves out what does not fit) change nothing.
-                    let other = NextRows {
-                        tokens: 2 * t,
-                        q: rows(&q, kd, heads, 0),
-                        k: rows(&k, kd, heads, 0),
-                        g: rows(&g, kd, heads, 0),
-                        beta: rows(&beta, 1, heads, 0),
-                        v: rows(&v, vd, heads, 0),
+                    let head_rows = |tokens, h| StridedInputs {
+                        tokens,
+                        q: rows(&q, kd, heads, h),
+                        k: rows(&k, kd, heads, h),
+                        g: rows(&g, kd, heads, h),
+                        beta: rows(&beta, 1, heads, h),
+                        v: rows(&v, vd, heads, h),
                     };
-                    for next in [None, Some(other)] {
+                    for next in [None, Some(head_rows(2 * t, 0))] {
                         let mut state = c.s0.clone();
                         let head = StridedHead {
-                            tokens: t,
-                            q: rows(&q, kd, heads, h),
-                            k: rows(&k, kd, heads, h),
-                            g: rows(&g, kd, heads, h),
-                            beta: rows(&beta, 1, heads, h),
-                            v: rows(&v, vd, heads, h),
+                            inputs: head_rows(t, h),
                             state: &mut state,
                             scale: 1.0 / (kd as f32).sqrt(),
                             next,
@@ -1361,12 +1349,14 @@ mod tests {
         let mut run = |tokens: usize, q: StridedRows<'_>, beta: StridedRows<'_>, state_len| {
             let mut state = std::vec![0.0; state_len];
             let head = StridedHead {
-                tokens,
-                q,
-                k: rows(&c.k),
-                g: rows(&c.g),
-                beta,
-                v: rows(&c.v),
+                inputs: StridedInputs {
+                    tokens,
+                    q,
+                    k: rows(&c.k),
+                    g: rows(&c.g),
+                    beta,
+                    v: rows(&c.v),
+                },
                 state: &mut state,
                 scale: 1.0,
                 next: None,

@@ -189,10 +189,7 @@ fn amd_family() -> Option<u32> {
     #[allow(unused_unsafe)]
     let (vendor, signature) = unsafe {
         let v = core::arch::x86_64::__cpuid(0);
-        (
-            [v.ebx, v.edx, v.ecx],
-            core::arch::x86_64::__cpuid(1).eax,
-        )
+        ([v.ebx, v.edx, v.ecx], core::arch::x86_64::__cpuid(1).eax)
     };
     // "AuthenticAMD" as CPUID returns it.
     if vendor != [0x6874_7541, 0x6974_6e65, 0x444d_4163] {
