@@ -338,29 +338,17 @@ fn k_first_initial<'a>(c: &Ctx<'_, 'a>, n: usize, hv: usize) -> Option<&'a [f32]
     Some(&s[(n * c.d.v_heads + hv) * kv..][..kv])
 }
 
-/// The input rows `[q, k, g, beta, v]` of value head `hv` from token `t0` on, in place.
-fn head_inputs<'a>(c: &Ctx<'_, 'a>, t0: usize, hv: usize) -> [StridedRows<'a>; 5] {
-    let (d, x) = (c.d, c.x);
-    let h = hv / (d.v_heads / d.heads);
-    [
-        head_rows(x.q, t0, d.heads, h, d.k),
-        head_rows(x.k, t0, d.heads, h, d.k),
-        head_rows(x.g, t0, d.v_heads, hv, d.k),
-        head_rows(x.beta, t0, d.v_heads, hv, 1),
-        head_rows(x.v, t0, d.v_heads, hv, d.v),
-    ]
-}
-
 /// The input rows of tokens `t0..t1` (`t0 < t1`) of value head `hv`, read in place.
 fn head_view<'a>(c: &Ctx<'_, 'a>, (t0, t1): (usize, usize), hv: usize) -> StridedInputs<'a> {
-    let [q, k, g, beta, v] = head_inputs(c, t0, hv);
+    let (d, x) = (c.d, c.x);
+    let h = hv / (d.v_heads / d.heads);
     StridedInputs {
         tokens: t1 - t0,
-        q,
-        k,
-        g,
-        beta,
-        v,
+        q: head_rows(x.q, t0, d.heads, h, d.k),
+        k: head_rows(x.k, t0, d.heads, h, d.k),
+        g: head_rows(x.g, t0, d.v_heads, hv, d.k),
+        beta: head_rows(x.beta, t0, d.v_heads, hv, 1),
+        v: head_rows(x.v, t0, d.v_heads, hv, d.v),
     }
 }
 

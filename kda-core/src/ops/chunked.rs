@@ -191,11 +191,18 @@ pub struct StridedInputs<'a> {
 }
 
 impl<'a> StridedInputs<'a> {
-    /// Queues the rows in the order the kernel reads them.
-    fn queue_into(&self, queue: &mut RowQueue<'a>) {
-        for x in [self.q, self.k, self.g, self.beta, self.v] {
+    /// The five inputs in the order the kernel reads them.
+    fn sets(&self) -> [StridedRows<'a>; 5] {
+        [self.q, self.k, self.g, self.beta, self.v]
+    }
+
+    /// A queue of the rows, to prefetch a row at a time.
+    fn queue(&self) -> RowQueue<'a> {
+        let mut queue = RowQueue::new();
+        for x in self.sets() {
             queue.push(x.data, (self.tokens, x.dim, x.stride));
         }
+        queue
     }
 }
 
@@ -379,7 +386,7 @@ pub fn chunked_head(
             head.chunk(n0, nl, v).prefetch();
         }
         let v = StridedRows::contiguous(&v_o[vals(c0, l)], vd);
-        one_chunk(isa, &head.chunk(c0, l, v), state, &mut sc, &RowQueue::new())?;
+        one_chunk(isa, &head.chunk(c0, l, v), state, &mut sc, None)?;
         v_o[vals(c0, l)].copy_from_slice(&sc.out_delta[..l * vd]);
     }
     Ok(())
@@ -438,12 +445,9 @@ pub fn chunked_head_strided(
             Some(&(n0, nl)) => Some(head.chunk(n0, nl, v.skip_rows(n0)).rows()),
             None => next,
         };
-        let mut queue = RowQueue::new();
-        if let Some(rows) = after {
-            rows.queue_into(&mut queue);
-        }
+        let queue = after.map_or_else(RowQueue::new, |rows| rows.queue());
         let inp = head.chunk(c0, l, v.skip_rows(c0));
-        one_chunk(isa, &inp, state, &mut sc, &queue)?;
+        one_chunk(isa, &inp, state, &mut sc, Some(&queue))?;
         queue.drain();
         out(c0, &sc.out_delta[..l * vd]);
     }
@@ -556,7 +560,7 @@ impl<'a> ChunkIn<'a> {
     /// chunk, contiguous rows; strided rows go through a `RowQueue` instead).
     #[inline(always)]
     fn prefetch(&self) {
-        for x in [self.q, self.k, self.g, self.beta, self.v] {
+        for x in self.rows().sets() {
             x.prefetch(self.l);
         }
     }
@@ -570,7 +574,7 @@ fn one_chunk(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx512F | Isa::Avx512Bf16) && isa.is_supported() {
@@ -594,7 +598,7 @@ unsafe fn one_chunk_avx2(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     one_chunk_body(isa, inp, state, sc, queue)
 }
@@ -606,7 +610,7 @@ unsafe fn one_chunk_avx512(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     one_chunk_body(isa, inp, state, sc, queue)
 }
@@ -619,7 +623,7 @@ fn one_chunk_body(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     if tame_factors(isa, inp, sc)? {
         tame_matrices(isa, inp, sc, queue)?;
@@ -730,13 +734,13 @@ fn tame_matrices(
     isa: Isa,
     inp: &ChunkIn<'_>,
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     let (kd, l) = (inp.kd, inp.l);
     let kbt = (&sc.k_hat_t[..kd * l], l);
     let qkf = (&sc.qkf[..2 * l * kd], kd);
     let a = (&mut sc.a[..2 * l * l], l);
-    simd::gemm_queued(isa, CStart::Zero, (2 * l, l, kd), qkf, kbt, a, Some(queue))?;
+    simd::gemm_queued(isa, CStart::Zero, (2 * l, l, kd), qkf, kbt, a, queue)?;
     scale_and_mask(inp, sc, 0, l);
     Ok(())
 }
@@ -929,21 +933,13 @@ fn state_products(
     inp: &ChunkIn<'_>,
     state: &[f32],
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
     let od = &mut sc.out_delta[..2 * l * vd];
     let qk = (&sc.decayed[..2 * l * kd], kd);
     let shape = (2 * l, vd, kd);
-    simd::gemm_queued(
-        isa,
-        CStart::Zero,
-        shape,
-        qk,
-        (state, vd),
-        (od, vd),
-        Some(queue),
-    )
+    simd::gemm_queued(isa, CStart::Zero, shape, qk, (state, vd), (od, vd), queue)
 }
 
 /// Step 5: the right-hand side `R = diag(β)(V − k_decayed·S₀)`, then `Δ = (I + A_kk)⁻¹ R` by
@@ -1010,7 +1006,7 @@ fn chunk_outputs(
     isa: Isa,
     inp: &ChunkIn<'_>,
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     let (vd, l) = (inp.vd, inp.l);
     let aqk = &sc.a[..l * l];
@@ -1026,7 +1022,7 @@ fn chunk_outputs(
             (&aqk[a0 * l..], l),
             (delta, vd),
             (&mut o[a0 * vd..], vd),
-            Some(queue),
+            queue,
         )?;
         if !finite {
             for i in a0..a1 {
@@ -1056,7 +1052,7 @@ fn update_state(
     inp: &ChunkIn<'_>,
     state: &mut [f32],
     sc: &mut Scratch<'_>,
-    queue: &RowQueue<'_>,
+    queue: Option<&RowQueue<'_>>,
 ) -> Result<(), KdaError> {
     let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
     let delta = &sc.out_delta[l * vd..2 * l * vd];
@@ -1069,7 +1065,7 @@ fn update_state(
         let decay = CStart::ScaledRows(&sc.chunk_decay[d0..d1]);
         let kt = (&sc.k_to_end_t[d0 * l..d1 * l], l);
         let shape = (d1 - d0, vd, l);
-        simd::gemm_queued(isa, decay, shape, kt, (delta, vd), (rows, vd), Some(queue))?;
+        simd::gemm_queued(isa, decay, shape, kt, (delta, vd), (rows, vd), queue)?;
     }
     Ok(())
 }
