@@ -1056,11 +1056,17 @@ fn update_state(
 ) -> Result<(), KdaError> {
     let (kd, vd, l) = (inp.kd, inp.vd, inp.l);
     let delta = &sc.out_delta[l * vd..2 * l * vd];
-    // 16 key rows at a time, each row scaled by its decay as the product loads it (one GEMM
+    // 16 key rows at a time, each row scaled by its decay as the product stores it (one GEMM
     // over all K rows, column panels outer, was measured 5 % slower on AVX2: the state's
-    // rows are 512 B apart there).
-    for d0 in (0..kd).step_by(SUB) {
-        let d1 = (d0 + SUB).min(kd);
+    // rows are 512 B apart there); all rows in one call where the product goes by row blocks
+    // anyway.
+    let group = if simd::short_gemm(isa, l, vd) {
+        kd
+    } else {
+        SUB
+    };
+    for d0 in (0..kd).step_by(group) {
+        let d1 = (d0 + group).min(kd);
         let rows = &mut state[d0 * vd..d1 * vd];
         let decay = CStart::ScaledRows(&sc.chunk_decay[d0..d1]);
         let kt = (&sc.k_to_end_t[d0 * l..d1 * l], l);

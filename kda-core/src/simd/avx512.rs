@@ -94,6 +94,11 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     }
 
     #[inline(always)]
+    fn short_gemm_blocks(self) -> bool {
+        super::split_512_bit_fma()
+    }
+
+    #[inline(always)]
     fn splat(self, x: f32) -> __m512 {
         unsafe { _mm512_set1_ps(x) }
     }

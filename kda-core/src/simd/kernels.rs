@@ -599,8 +599,10 @@ pub(crate) enum CInit {
     LoadScaled(*const f32),
 }
 
-/// One `MR`-row × `NV` vectors register block of `C += A·B` at rows `i`, columns `j`: each
-/// element is one chain from its old value over `p` in order.
+/// One `MR`-row × `NV` vectors register block of `C = start(C) + A·B` at rows `i`, columns
+/// `j`: each element's products are one chain from zero over `p` in order, added to its start
+/// value at the end. So no chain waits for `C` to load (and, for [`CInit::LoadScaled`], to
+/// scale): `C` is read while the products run.
 #[inline(always)]
 unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
     s: S,
@@ -609,21 +611,6 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
     g: &Gemm,
 ) {
     let mut acc = [[s.splat(0.0); NV]; MR];
-    if !matches!(g.c_start, CInit::Zero) {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            for (v, acc) in acc.iter_mut().enumerate() {
-                *acc = s.load(g.c.add((i + r) * g.ldc + j + v * S::LANES));
-            }
-        }
-    }
-    if let CInit::LoadScaled(f) = g.c_start {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let fr = s.splat(*f.add(i + r));
-            for acc in acc.iter_mut() {
-                *acc = s.mul(*acc, fr);
-            }
-        }
-    }
     // The queue's rows go out as the block runs: every `QUEUE_STEP` steps on the 32-register
     // paths; on the others once per block (splitting their loop was measured slower).
     let step = if S::GEMM_ROWS >= 12 { QUEUE_STEP } else { g.k };
@@ -636,9 +623,29 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
         gemm_steps(s, &mut acc, (i, j), (p0, p1), g);
         p0 = p1;
     }
-    for (r, acc) in acc.iter().enumerate() {
-        for (v, acc) in acc.iter().enumerate() {
-            s.store(g.c.add((i + r) * g.ldc + j + v * S::LANES), *acc);
+    let c = |r: usize, v: usize| g.c.add((i + r) * g.ldc + j + v * S::LANES);
+    match g.c_start {
+        CInit::Zero => {
+            for (r, acc) in acc.iter().enumerate() {
+                for (v, &acc) in acc.iter().enumerate() {
+                    s.store(c(r, v), acc);
+                }
+            }
+        }
+        CInit::Load => {
+            for (r, acc) in acc.iter().enumerate() {
+                for (v, &acc) in acc.iter().enumerate() {
+                    s.store(c(r, v), s.add(s.load(c(r, v)), acc));
+                }
+            }
+        }
+        CInit::LoadScaled(f) => {
+            for (r, acc) in acc.iter().enumerate() {
+                let fr = s.splat(*f.add(i + r));
+                for (v, &acc) in acc.iter().enumerate() {
+                    s.store(c(r, v), s.add(s.mul(s.load(c(r, v)), fr), acc));
+                }
+            }
         }
     }
 }
@@ -742,12 +749,17 @@ unsafe fn gemm_rows<S: Simd, const NV: usize>(s: S, rows: usize, i: usize, j: us
     }
 }
 
-/// `C[m×n] += A[m×k]·B[k×n]`: column panels of [`Simd::GEMM_VECS`] vectors (then fewer)
-/// outer, so each panel of `B` stays in L1 while the row blocks of `A` stream past it; the
-/// last `n % LANES` columns one element at a time.
+/// `C[m×n] = start(C) + A[m×k]·B[k×n]`: a short reduction as [`gemm_short`]; otherwise
+/// column panels of [`Simd::GEMM_VECS`] vectors (then fewer) outer, so each panel of `B` stays
+/// in L1 while the row blocks of `A` stream past it; the last `n % LANES` columns one element
+/// at a time. Every element is its start value plus one chain over `p` in order from zero,
+/// whatever the blocking.
 #[inline(always)]
 pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     let l = S::LANES;
+    if short_gemm(s, g.k, n) {
+        return gemm_short(s, m, n, g);
+    }
     let mut j = 0;
     if S::GEMM_VECS >= 4 {
         while j + 4 * l <= n {
@@ -766,16 +778,48 @@ pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     for jj in j..n {
         for i in 0..m {
             let c = g.c.add(i * g.ldc + jj);
-            let mut acc = match g.c_start {
-                CInit::Load => *c,
-                CInit::Zero => 0.0,
-                CInit::LoadScaled(f) => *c * *f.add(i),
-            };
+            let mut acc = 0.0;
             for p in 0..g.k {
                 acc += *g.a.add(i * g.lda + p) * *g.b.add(p * g.ldb + jj);
             }
-            *c = acc;
+            *c = match g.c_start {
+                CInit::Load => *c + acc,
+                CInit::Zero => acc,
+                CInit::LoadScaled(f) => *c * *f.add(i) + acc,
+            };
         }
+    }
+}
+
+/// Longest reduction [`gemm_short`] takes (the chunked form's state update at chunk 16).
+const SHORT_K: usize = 16;
+
+/// Whether [`gemm_acc`] runs a reduction of `k` steps over `n` columns as [`gemm_short`]: on
+/// the paths whose [`Simd::short_gemm_blocks`] says so, with 32 registers, for `k ≤`
+/// [`SHORT_K`] and `n` a multiple of four vectors.
+#[inline(always)]
+pub(crate) fn short_gemm<S: Simd>(s: S, k: usize, n: usize) -> bool {
+    k <= SHORT_K && n.is_multiple_of(4 * S::LANES) && S::REGISTERS >= 32 && s.short_gemm_blocks()
+}
+
+/// `C[m×n] = start(C) + A·B` for a short reduction (see [`short_gemm`]): blocks of 4 rows × 4 vectors (16 accumulators; four loads of `B` and four
+/// broadcasts of `A` per 16 multiply-adds), row blocks outer so that each block's rows of `C`
+/// are read once, close together; the last `m % 4` rows one block.
+#[inline(always)]
+unsafe fn gemm_short<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
+    let width = 4 * S::LANES;
+    let mut i = 0;
+    while i < m {
+        let rows = (m - i).min(4);
+        for j in (0..n).step_by(width) {
+            match rows {
+                4 => gemm_block::<S, 4, 4>(s, i, j, g),
+                3 => gemm_block::<S, 3, 4>(s, i, j, g),
+                2 => gemm_block::<S, 2, 4>(s, i, j, g),
+                _ => gemm_block::<S, 1, 4>(s, i, j, g),
+            }
+        }
+        i += rows;
     }
 }
 
@@ -2046,6 +2090,10 @@ macro_rules! instantiate {
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn gemm_acc(m: usize, n: usize, g: &k::Gemm) {
             k::gemm_acc($token, m, n, g)
+        }
+        $(#[target_feature(enable = $features)])?
+        pub(crate) unsafe fn short_gemm(k: usize, n: usize) -> bool {
+            k::short_gemm($token, k, n)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn tame_rows(t: &k::Tame) -> bool {

@@ -40,6 +40,13 @@ impl<const N: usize> Simd for Lanes<N> {
     // So that the parity path of the packed GEMM runs at every width in tests.
     const BF16_PARITY: bool = true;
 
+    // With 32 registers (4 lanes), the short-reduction GEMM blocks that only Zen 4 takes, so
+    // that they are tested on any machine.
+    #[inline(always)]
+    fn short_gemm_blocks(self) -> bool {
+        Self::REGISTERS >= 32
+    }
+
     #[inline(always)]
     fn splat(self, x: f32) -> [f32; N] {
         [x; N]

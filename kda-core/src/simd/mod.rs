@@ -1011,8 +1011,9 @@ pub fn gemm_acc(
 }
 
 /// `C[m×n] = start(C) + A[m×k] · B[k×n]` (see [`CStart`]), all row-major; each operand is
-/// given with its leading dimension. Every element is one chain over the reduction in order,
-/// from its start value, whatever the blocking. A slice too short for the shape (an internal
+/// given with its leading dimension. Every element is its start value plus one chain over the
+/// reduction in order from zero, whatever the blocking (the start is added last, so that no
+/// chain waits for `C`). A slice too short for the shape (an internal
 /// bug) is an [`KdaError::Internal`] error, with nothing computed.
 #[inline]
 pub fn gemm(
@@ -1172,6 +1173,13 @@ pub fn tame_rows(
     };
     let _ = &t; // read only by the vector arms (none on targets without a vector ISA)
     Ok(dispatch!(isa, tame_rows(&t), portable::tame_rows(i, o)))
+}
+
+/// Whether [`gemm`] runs a reduction of `k` steps over `n` columns on `isa` as one pass of
+/// small row blocks (see `Simd::short_gemm_blocks`): a caller that splits such a product into
+/// row groups for the other shapes' sake can then make one call.
+pub(crate) fn short_gemm(isa: impl Into<Path>, k: usize, n: usize) -> bool {
+    dispatch!(isa, short_gemm(k, n), false)
 }
 
 /// `dst[c·ldd + r] = src[r·lds + c]` for an `rows × cols` block (out-of-place transpose).
@@ -2177,30 +2185,37 @@ mod tests {
         assert!(tame_rows(Isa::detect(), &short, &mut o.view()).is_err());
     }
 
-    /// Every row count from 1 to 40 (the 12-, 6- and merged 4/5-row splits): the whole GEMM
-    /// equals one call per row, bitwise, so each row is covered once and the blocking changes
-    /// nothing.
+    /// Every row count from 1 to 40 (the 12-, 6- and merged 4/5-row splits, and the 4-row
+    /// blocks of a short reduction): the whole GEMM equals one call per row, bitwise, so each
+    /// row is covered once and the blocking changes nothing.
     #[test]
     fn gemm_row_blocks_cover_every_row_bitwise() {
+        // Lanes(4) takes the short-reduction blocks on any machine.
+        assert!(short_gemm(Path::Lanes(4), 16, 64) && !short_gemm(Path::Lanes(4), 19, 40));
         for isa in test_paths() {
-            let (n, k) = (40, 19);
-            let b = rnd(k * n, 5);
-            for m in 1..=40 {
-                let a = rnd(m * k, 6);
-                let c0 = rnd(m * n, 7);
-                let mut whole = c0.clone();
-                assert!(gemm_acc(isa, m, n, k, &a, k, &b, n, &mut whole, n).is_ok());
-                let mut by_row = c0.clone();
-                for (ar, cr) in a.chunks_exact(k).zip(by_row.chunks_exact_mut(n)) {
-                    assert!(gemm_acc(isa, 1, n, k, ar, k, &b, n, cr, n).is_ok());
-                }
-                let same = whole
-                    .iter()
-                    .zip(&by_row)
-                    .all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(same, "{isa:?} m = {m}");
-                assert_ne!(whole, c0, "{isa:?} m = {m}: nothing accumulated");
+            for (n, k) in [(40, 19), (64, 16)] {
+                gemm_rows_bitwise(isa, n, k);
             }
+        }
+    }
+
+    fn gemm_rows_bitwise(isa: Path, n: usize, k: usize) {
+        let b = rnd(k * n, 5);
+        for m in 1..=40 {
+            let a = rnd(m * k, 6);
+            let c0 = rnd(m * n, 7);
+            let mut whole = c0.clone();
+            assert!(gemm_acc(isa, m, n, k, &a, k, &b, n, &mut whole, n).is_ok());
+            let mut by_row = c0.clone();
+            for (ar, cr) in a.chunks_exact(k).zip(by_row.chunks_exact_mut(n)) {
+                assert!(gemm_acc(isa, 1, n, k, ar, k, &b, n, cr, n).is_ok());
+            }
+            let same = whole
+                .iter()
+                .zip(&by_row)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{isa:?} m = {m}");
+            assert_ne!(whole, c0, "{isa:?} m = {m}: nothing accumulated");
         }
     }
 
@@ -2211,6 +2226,7 @@ mod tests {
         for isa in test_paths() {
             for &(m, n, k) in &[
                 (16usize, 128usize, 16usize),
+                (7, 64, 16),
                 (7, 37, 5),
                 (32, 20, 1),
                 (5, 9, 0),
@@ -2269,6 +2285,8 @@ mod tests {
                 (16, 128, 128),
                 (7, 33, 70),
                 (64, 40, 9),
+                (7, 64, 16),
+                (9, 128, 5),
             ] {
                 let (lda, ldb, ldc) = (k + 2, n + 1, n + 3);
                 let a = rnd(m * lda, 11);
