@@ -600,9 +600,9 @@ pub(crate) enum CInit {
 }
 
 /// One `MR`-row × `NV` vectors register block of `C = start(C) + A·B` at rows `i`, columns
-/// `j`: each element's products are one chain from zero over `p` in order, added to its start
-/// value at the end. So no chain waits for `C` to load (and, for [`CInit::LoadScaled`], to
-/// scale): `C` is read while the products run.
+/// `j`: each element is one chain over `p` in order, from its start value, or, where
+/// [`Simd::gemm_start_last`] says so, from zero with the start value added at the end (so no
+/// chain waits for `C` to load and, for [`CInit::LoadScaled`], to scale).
 #[inline(always)]
 unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
     s: S,
@@ -610,7 +610,23 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
     j: usize,
     g: &Gemm,
 ) {
+    let last = S::REGISTERS >= 32 && s.gemm_start_last();
     let mut acc = [[s.splat(0.0); NV]; MR];
+    if !last && !matches!(g.c_start, CInit::Zero) {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (v, acc) in acc.iter_mut().enumerate() {
+                *acc = s.load(g.c.add((i + r) * g.ldc + j + v * S::LANES));
+            }
+        }
+    }
+    if let (false, CInit::LoadScaled(f)) = (last, g.c_start) {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let fr = s.splat(*f.add(i + r));
+            for acc in acc.iter_mut() {
+                *acc = s.mul(*acc, fr);
+            }
+        }
+    }
     // The queue's rows go out as the block runs: every `QUEUE_STEP` steps on the 32-register
     // paths; on the others once per block (splitting their loop was measured slower).
     let step = if S::GEMM_ROWS >= 12 { QUEUE_STEP } else { g.k };
@@ -623,27 +639,40 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
         gemm_steps(s, &mut acc, (i, j), (p0, p1), g);
         p0 = p1;
     }
+    if last {
+        block_end(s, &mut acc, (i, j), g);
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (v, acc) in acc.iter().enumerate() {
+            s.store(g.c.add((i + r) * g.ldc + j + v * S::LANES), *acc);
+        }
+    }
+}
+
+/// [`gemm_block`]'s start value of `C` added to its accumulators at the end (none for
+/// [`CInit::Zero`]).
+#[inline(always)]
+unsafe fn block_end<S: Simd, const MR: usize, const NV: usize>(
+    s: S,
+    acc: &mut [[S::F; NV]; MR],
+    (i, j): (usize, usize),
+    g: &Gemm,
+) {
     let c = |r: usize, v: usize| g.c.add((i + r) * g.ldc + j + v * S::LANES);
     match g.c_start {
-        CInit::Zero => {
-            for (r, acc) in acc.iter().enumerate() {
-                for (v, &acc) in acc.iter().enumerate() {
-                    s.store(c(r, v), acc);
-                }
-            }
-        }
+        CInit::Zero => {}
         CInit::Load => {
-            for (r, acc) in acc.iter().enumerate() {
-                for (v, &acc) in acc.iter().enumerate() {
-                    s.store(c(r, v), s.add(s.load(c(r, v)), acc));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = s.add(s.load(c(r, v)), *acc);
                 }
             }
         }
         CInit::LoadScaled(f) => {
-            for (r, acc) in acc.iter().enumerate() {
+            for (r, acc) in acc.iter_mut().enumerate() {
                 let fr = s.splat(*f.add(i + r));
-                for (v, &acc) in acc.iter().enumerate() {
-                    s.store(c(r, v), s.add(s.mul(s.load(c(r, v)), fr), acc));
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = s.add(s.mul(s.load(c(r, v)), fr), *acc);
                 }
             }
         }
@@ -752,8 +781,9 @@ unsafe fn gemm_rows<S: Simd, const NV: usize>(s: S, rows: usize, i: usize, j: us
 /// `C[m×n] = start(C) + A[m×k]·B[k×n]`: a short reduction as [`gemm_short`]; otherwise
 /// column panels of [`Simd::GEMM_VECS`] vectors (then fewer) outer, so each panel of `B` stays
 /// in L1 while the row blocks of `A` stream past it; the last `n % LANES` columns one element
-/// at a time. Every element is its start value plus one chain over `p` in order from zero,
-/// whatever the blocking.
+/// at a time (each one chain from its start value). Whatever the blocking, every element is
+/// one chain over `p` in order, joined by its start value first or last (see
+/// [`gemm_block`]).
 #[inline(always)]
 pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     let l = S::LANES;
@@ -778,15 +808,15 @@ pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     for jj in j..n {
         for i in 0..m {
             let c = g.c.add(i * g.ldc + jj);
-            let mut acc = 0.0;
+            let mut acc = match g.c_start {
+                CInit::Load => *c,
+                CInit::Zero => 0.0,
+                CInit::LoadScaled(f) => *c * *f.add(i),
+            };
             for p in 0..g.k {
                 acc += *g.a.add(i * g.lda + p) * *g.b.add(p * g.ldb + jj);
             }
-            *c = match g.c_start {
-                CInit::Load => *c + acc,
-                CInit::Zero => acc,
-                CInit::LoadScaled(f) => *c * *f.add(i) + acc,
-            };
+            *c = acc;
         }
     }
 }
@@ -799,7 +829,7 @@ const SHORT_K: usize = 16;
 /// [`SHORT_K`] and `n` a multiple of four vectors.
 #[inline(always)]
 pub(crate) fn short_gemm<S: Simd>(s: S, k: usize, n: usize) -> bool {
-    k <= SHORT_K && n.is_multiple_of(4 * S::LANES) && S::REGISTERS >= 32 && s.short_gemm_blocks()
+    S::REGISTERS >= 32 && k <= SHORT_K && n.is_multiple_of(4 * S::LANES) && s.short_gemm_blocks()
 }
 
 /// `C[m×n] = start(C) + A·B` for a short reduction (see [`short_gemm`]): blocks of 4 rows × 4 vectors (16 accumulators; four loads of `B` and four

@@ -1011,10 +1011,10 @@ pub fn gemm_acc(
 }
 
 /// `C[m×n] = start(C) + A[m×k] · B[k×n]` (see [`CStart`]), all row-major; each operand is
-/// given with its leading dimension. Every element is its start value plus one chain over the
-/// reduction in order from zero, whatever the blocking (the start is added last, so that no
-/// chain waits for `C`). A slice too short for the shape (an internal
-/// bug) is an [`KdaError::Internal`] error, with nothing computed.
+/// given with its leading dimension. Every element is one chain over the reduction in order,
+/// whatever the blocking, from its start value (on Zen 4's AVX-512 paths from zero, the start
+/// value added last, so that no chain waits for `C`). A slice too short for the shape (an
+/// internal bug) is an [`KdaError::Internal`] error, with nothing computed.
 #[inline]
 pub fn gemm(
     isa: impl Into<Path>,

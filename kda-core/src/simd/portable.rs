@@ -102,23 +102,13 @@ pub(super) fn gemm_acc(
     c: &mut [f32],
     ldc: usize,
 ) {
-    // Columns summed at a time on the stack: each element's products are one chain from
-    // zero, added to `C` at the end (the vector paths' order).
-    const COLS: usize = 64;
     for i in 0..m {
-        for c0 in (0..n).step_by(COLS) {
-            let w = COLS.min(n - c0);
-            let mut sum = [0.0f32; COLS];
-            for p in 0..k {
-                let av = a[i * lda + p];
-                let brow = &b[p * ldb + c0..p * ldb + c0 + w];
-                for (s, b) in sum.iter_mut().zip(brow) {
-                    *s += av * *b;
-                }
-            }
-            let crow = &mut c[i * ldc + c0..i * ldc + c0 + w];
-            for (c, s) in crow.iter_mut().zip(&sum) {
-                *c += *s;
+        let crow = &mut c[i * ldc..i * ldc + n];
+        for p in 0..k {
+            let av = a[i * lda + p];
+            let brow = &b[p * ldb..p * ldb + n];
+            for (c, b) in crow.iter_mut().zip(brow) {
+                *c += av * *b;
             }
         }
     }
