@@ -94,7 +94,7 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     }
 
     #[inline(always)]
-    fn short_gemm_blocks(self) -> bool {
+    fn split_fma_gemms(self) -> bool {
         super::split_512_bit_fma()
     }
 

@@ -601,7 +601,7 @@ pub(crate) enum CInit {
 
 /// One `MR`-row × `NV` vectors register block of `C = start(C) + A·B` at rows `i`, columns
 /// `j`: each element is one chain over `p` in order, from its start value, or, where
-/// [`Simd::gemm_start_last`] says so, from zero with the start value added at the end (so no
+/// [`Simd::split_fma_gemms`] says so, from zero with the start value added at the end (so no
 /// chain waits for `C` to load and, for [`CInit::LoadScaled`], to scale).
 #[inline(always)]
 unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
@@ -610,7 +610,7 @@ unsafe fn gemm_block<S: Simd, const MR: usize, const NV: usize>(
     j: usize,
     g: &Gemm,
 ) {
-    let last = S::REGISTERS >= 32 && s.gemm_start_last();
+    let last = s.split_fma_gemms();
     let mut acc = [[s.splat(0.0); NV]; MR];
     if !last && !matches!(g.c_start, CInit::Zero) {
         for (r, acc) in acc.iter_mut().enumerate() {
@@ -825,16 +825,17 @@ pub(crate) unsafe fn gemm_acc<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
 const SHORT_K: usize = 16;
 
 /// Whether [`gemm_acc`] runs a reduction of `k` steps over `n` columns as [`gemm_short`]: on
-/// the paths whose [`Simd::short_gemm_blocks`] says so, with 32 registers, for `k ≤`
+/// the paths whose [`Simd::split_fma_gemms`] says so, with 32 registers, for `k ≤`
 /// [`SHORT_K`] and `n` a multiple of four vectors.
 #[inline(always)]
 pub(crate) fn short_gemm<S: Simd>(s: S, k: usize, n: usize) -> bool {
-    S::REGISTERS >= 32 && k <= SHORT_K && n.is_multiple_of(4 * S::LANES) && s.short_gemm_blocks()
+    S::REGISTERS >= 32 && k <= SHORT_K && n.is_multiple_of(4 * S::LANES) && s.split_fma_gemms()
 }
 
-/// `C[m×n] = start(C) + A·B` for a short reduction (see [`short_gemm`]): blocks of 4 rows × 4 vectors (16 accumulators; four loads of `B` and four
-/// broadcasts of `A` per 16 multiply-adds), row blocks outer so that each block's rows of `C`
-/// are read once, close together; the last `m % 4` rows one block.
+/// `C[m×n] = start(C) + A·B` for a short reduction (see [`short_gemm`]): blocks of 4 rows × 4
+/// vectors (16 accumulators; four loads of `B` and four broadcasts of `A` per 16
+/// multiply-adds), row blocks outer so that each block's rows of `C` are read once, close
+/// together; the last `m % 4` rows one block.
 #[inline(always)]
 unsafe fn gemm_short<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     let width = 4 * S::LANES;

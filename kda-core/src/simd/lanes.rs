@@ -40,10 +40,10 @@ impl<const N: usize> Simd for Lanes<N> {
     // So that the parity path of the packed GEMM runs at every width in tests.
     const BF16_PARITY: bool = true;
 
-    // With 32 registers (4 lanes), the short-reduction GEMM blocks that only Zen 4 takes, so
-    // that they are tested on any machine.
+    // With 32 registers (4 lanes), the GEMM shapes that only Zen 4 takes, so that they are
+    // tested on any machine.
     #[inline(always)]
-    fn short_gemm_blocks(self) -> bool {
+    fn split_fma_gemms(self) -> bool {
         Self::REGISTERS >= 32
     }
 

@@ -1176,7 +1176,7 @@ pub fn tame_rows(
 }
 
 /// Whether [`gemm`] runs a reduction of `k` steps over `n` columns on `isa` as one pass of
-/// small row blocks (see `Simd::short_gemm_blocks`): a caller that splits such a product into
+/// small row blocks (see `Simd::split_fma_gemms`): a caller that splits such a product into
 /// row groups for the other shapes' sake can then make one call.
 pub(crate) fn short_gemm(isa: impl Into<Path>, k: usize, n: usize) -> bool {
     dispatch!(isa, short_gemm(k, n), false)

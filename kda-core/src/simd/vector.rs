@@ -64,23 +64,16 @@ pub(crate) trait Simd: Copy {
         Self::PREFILL_PANELS
     }
 
-    /// Whether GEMMs with a short reduction (the chunked form's state update) take blocks of
-    /// 4 rows × 4 vectors, row blocks outer, instead of the usual column panels: true on the
-    /// AVX-512 paths of a core that splits 512-bit FMAs (AMD Zen 4), where the state update
-    /// was measured 16 % faster that way (README, twenty-second session).
+    /// Whether the GEMMs take the shapes measured best on a core that splits 512-bit FMAs
+    /// (AMD Zen 4; true on the AVX-512 paths there): a short reduction (the chunked form's
+    /// state update) in blocks of 4 rows × 4 vectors, row blocks outer, instead of the usual
+    /// column panels (the update 16 % faster), and every register block summing its products
+    /// from zero and adding `C`'s start value at the end, instead of starting its chains from
+    /// `C` (6 % of that; README, twenty-second session). Elsewhere unmeasured, so left as it
+    /// was. The late start changes the rounding, not the accuracy.
     #[inline(always)]
-    fn short_gemm_blocks(self) -> bool {
+    fn split_fma_gemms(self) -> bool {
         false
-    }
-
-    /// Whether a GEMM register block sums its products from zero and adds `C`'s start value
-    /// at the end, instead of starting its chains from `C`: true where short GEMMs take
-    /// [`Simd::short_gemm_blocks`] (Zen 4), where the chunked form's state update was measured
-    /// 6 % faster that way (README, twenty-second session); elsewhere unmeasured, so left as
-    /// it was. It changes the rounding, not the accuracy.
-    #[inline(always)]
-    fn gemm_start_last(self) -> bool {
-        self.short_gemm_blocks()
     }
 
     /// `x` in every lane.
