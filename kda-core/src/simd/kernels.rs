@@ -328,6 +328,11 @@ pub(crate) unsafe fn tame_rows<S: Simd>(s: S, t: &Tame) -> bool {
                 for c in (0..t.dim).step_by(LINE_F32) {
                     s.prefetch(row.add(c));
                 }
+                // A row that does not start on a line boundary (a numpy array's) ends in one
+                // more line than the steps above reach.
+                if !(row as usize).is_multiple_of(4 * LINE_F32) {
+                    s.prefetch(row.add(t.dim - 1));
+                }
             }
         }
         spill = if r == 0 {

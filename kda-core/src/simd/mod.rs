@@ -657,15 +657,33 @@ pub fn prefetch<T>(data: &[T]) {
     prefetch_lines(data)
 }
 
-/// [`prefetch`], always inlined (for the inner loops of kernels).
+/// [`prefetch`], always inlined (for the inner loops of kernels): one prefetch per line that
+/// `data` touches ([`line_starts`]), so that a row that does not start on a line boundary (a
+/// numpy array's, 16-byte aligned) is fetched whole.
 #[inline(always)]
 fn prefetch_lines<T>(data: &[T]) {
     let p = data.as_ptr() as *const u8;
-    for off in (0..core::mem::size_of_val(data)).step_by(64) {
-        // `wrapping_add`: only an address to hint, inside `data` anyway.
-        prefetch_line(p.wrapping_add(off));
+    for line in line_starts(p as usize, core::mem::size_of_val(data)) {
+        // `wrapping_add`: only an address to hint (a line that `data` touches).
+        prefetch_line(p.wrapping_add(line.wrapping_sub(p as usize)));
     }
 }
+
+/// The addresses of the cache lines that `bytes` bytes from `addr` touch: from the line of the
+/// first byte to the line of the last, each once (none for 0 bytes).
+#[inline(always)]
+fn line_starts(addr: usize, bytes: usize) -> impl Iterator<Item = usize> {
+    let first = addr - addr % LINE_BYTES;
+    let end = if bytes == 0 {
+        first
+    } else {
+        addr.saturating_add(bytes)
+    };
+    (first..end).step_by(LINE_BYTES)
+}
+
+/// Bytes per cache line: one prefetch each.
+const LINE_BYTES: usize = 64;
 
 /// Sets of rows a [`RowQueue`] holds at most.
 pub(crate) const QUEUE_SETS: usize = 5;
@@ -2096,6 +2114,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `prefetch` hints every line a slice touches, once: a row that starts inside a line
+    /// (numpy's 16-byte alignment) ends in one more line than an aligned one.
+    #[test]
+    fn line_starts_cover_every_touched_line_once() {
+        for addr in 0..200usize {
+            for bytes in 0..300usize {
+                let got: std::vec::Vec<usize> = line_starts(addr, bytes).collect();
+                let want: std::vec::Vec<usize> = if bytes == 0 {
+                    std::vec![]
+                } else {
+                    (addr / 64..=(addr + bytes - 1) / 64)
+                        .map(|l| l * 64)
+                        .collect()
+                };
+                assert_eq!(got, want, "addr {addr} bytes {bytes}");
+            }
+        }
+        // 512 bytes (a row of 128 f32): 8 lines aligned, 9 from 16 bytes in.
+        assert_eq!(line_starts(4096, 512).count(), 8);
+        assert_eq!(line_starts(4096 + 16, 512).count(), 9);
     }
 
     /// `tame_rows` on every path: the reference's bits given the path's `exp` (every other
