@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use kda_core::ops::chunked::Chunks;
-pub use kda_core::ops::chunked::{StridedHead, StridedInputs, StridedRows};
+pub use kda_core::ops::chunked::{RowsHint, StridedHead, StridedInputs, StridedRows};
 use kda_core::ops::{chunked, gate, norm, recurrent, HeadRows};
 use kda_core::weights::Data;
 use kda_core::DecayGate;

@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use crate::core_api::{
-    self, CoreResult, GateForm, HeadTask, StridedHead, StridedInputs, StridedRows,
+    self, CoreResult, GateForm, HeadTask, RowsHint, StridedHead, StridedInputs, StridedRows,
 };
 
 /// Tensor sizes of one call.
@@ -294,6 +294,11 @@ impl Block {
 /// Where a task's output rows go: row `j` is the task's `j`-th token.
 trait RowSink {
     fn row(&mut self, j: usize) -> &mut [f32];
+    /// Where row 0 and the rows after it lie, when they are evenly spaced (for the kernel to
+    /// prefetch them while it computes).
+    fn hint(&self) -> Option<RowsHint> {
+        None
+    }
 }
 
 /// The rows of one task in the whole `o` `[T, HV, V]` (serial runs).
@@ -311,12 +316,25 @@ impl RowSink for Strided<'_> {
         let at = self.first + j * self.step;
         &mut self.o[at..at + self.v]
     }
+    fn hint(&self) -> Option<RowsHint> {
+        let rows = self.o.get(self.first..)?;
+        Some(RowsHint::of(rows, self.v, self.step))
+    }
 }
 
 /// The rows of one task, split off `o` beforehand (threaded runs).
 impl RowSink for Vec<&mut [f32]> {
     fn row(&mut self, j: usize) -> &mut [f32] {
         self[j]
+    }
+    fn hint(&self) -> Option<RowsHint> {
+        // Split off one `[T, HV, V]` buffer: evenly spaced, the step from row 0 to row 1.
+        let first = self.first()?;
+        let step = match self.get(1) {
+            Some(next) => (next.as_ptr() as usize).checked_sub(first.as_ptr() as usize)? / 4,
+            None => first.len(),
+        };
+        Some(RowsHint::of(first, first.len(), step))
     }
 }
 
@@ -373,6 +391,7 @@ fn run_in_place(
         state,
         scale: c.f.scale,
         next: None,
+        out_rows: sink.hint(),
     };
     core_api::chunked_head_view(c.isa, view, chunk, scratch, |j0, o| {
         for (j, row) in o.chunks_exact(d.v).enumerate() {
@@ -509,11 +528,16 @@ fn run_serial_grouped(
                     } else {
                         None
                     };
+                    // The destination rows of this block, prefetched while it runs.
+                    let out_rows = o
+                        .get((b0 * d.v_heads + hv) * d.v..)
+                        .map(|rows| RowsHint::of(rows, d.v, d.v_heads * d.v));
                     let view = StridedHead {
                         inputs: head_view(c, (b0, b1), hv),
                         state: st,
                         scale: c.f.scale,
                         next,
+                        out_rows,
                     };
                     core_api::chunked_head_view(c.isa, view, chunk, &mut scratch, |j0, rows| {
                         for (j, row) in rows.chunks_exact(d.v).enumerate() {

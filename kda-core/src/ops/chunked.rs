@@ -170,6 +170,36 @@ pub struct StridedHead<'a> {
     /// prefetches for all of them is mostly dropped by some cores (README, twenty-first
     /// session). `None` if nothing follows or the caller fetches them itself.
     pub next: Option<StridedInputs<'a>>,
+    /// Where the caller's `out` puts the outputs, if it copies them to rows of memory: the
+    /// kernel prefetches each chunk's destination rows while it computes the chunk, so that
+    /// the copy does not wait for them (the rows of one head of a `[T, H, V]` output are a
+    /// page or more apart, and a 64 MiB output is not in any cache: the copy took ~6 % of a
+    /// call on Zen 4, README, twenty-third session). `None` if unknown.
+    pub out_rows: Option<RowsHint>,
+}
+
+/// Where rows of `f32` lie, for prefetching only: row `t` (`dim` elements) starts at the
+/// address `start + 4·t·stride`. Nothing is read or written through it, so any value is safe;
+/// a wrong one costs only wasted prefetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowsHint {
+    /// The address of row 0's first element.
+    pub start: usize,
+    /// Elements per row.
+    pub dim: usize,
+    /// Elements from the start of one row to the start of the next.
+    pub stride: usize,
+}
+
+impl RowsHint {
+    /// The hint for the rows of `rows` (its first element's address, its `dim` and `stride`).
+    pub fn of(rows: &[f32], dim: usize, stride: usize) -> Self {
+        RowsHint {
+            start: rows.as_ptr() as usize,
+            dim,
+            stride,
+        }
+    }
 }
 
 /// The input rows of one head of one sequence, read in place: `tokens` rows each; `q`, `k`,
@@ -196,13 +226,11 @@ impl<'a> StridedInputs<'a> {
         [self.q, self.k, self.g, self.beta, self.v]
     }
 
-    /// A queue of the rows, to prefetch a row at a time.
-    fn queue(&self) -> RowQueue<'a> {
-        let mut queue = RowQueue::new();
+    /// Appends the rows to `queue`, to prefetch a row at a time.
+    fn enqueue(&self, queue: &mut RowQueue<'a>) {
         for x in self.sets() {
             queue.push(x.data, (self.tokens, x.dim, x.stride));
         }
-        queue
     }
 }
 
@@ -409,6 +437,7 @@ pub fn chunked_head_strided(
         state,
         scale,
         next,
+        out_rows,
     } = head;
     let StridedInputs {
         tokens,
@@ -445,7 +474,17 @@ pub fn chunked_head_strided(
             Some(&(n0, nl)) => Some(head.chunk(n0, nl, v.skip_rows(n0)).rows()),
             None => next,
         };
-        let queue = after.map_or_else(RowQueue::new, |rows| rows.queue());
+        // This chunk's destination rows first (written when it ends), then what runs next.
+        let mut queue = RowQueue::new();
+        if let Some(o) = out_rows {
+            let start = o
+                .start
+                .wrapping_add(c0.wrapping_mul(o.stride).wrapping_mul(4));
+            queue.push_hint(start, (l, o.dim, o.stride));
+        }
+        if let Some(rows) = after {
+            rows.enqueue(&mut queue);
+        }
         let inp = head.chunk(c0, l, v.skip_rows(c0));
         one_chunk(isa, &inp, state, &mut sc, Some(&queue))?;
         queue.drain();
@@ -1318,13 +1357,29 @@ mod tests {
                         beta: rows(&beta, 1, heads, h),
                         v: rows(&v, vd, heads, h),
                     };
-                    for next in [None, Some(head_rows(2 * t, 0))] {
+                    // Destination rows to prefetch (the outputs' rows in a `[T, H, V]`
+                    // buffer, or an address far off: only hinted) change nothing either.
+                    let dest = std::vec![0.0f32; t * heads * vd];
+                    let hints = [
+                        None,
+                        Some(RowsHint::of(&dest[h * vd..], vd, heads * vd)),
+                        Some(RowsHint {
+                            start: usize::MAX - 64,
+                            dim: vd,
+                            stride: usize::MAX / 3,
+                        }),
+                    ];
+                    let runs = [None, Some(head_rows(2 * t, 0))]
+                        .into_iter()
+                        .flat_map(|next| hints.map(|out_rows| (next, out_rows)));
+                    for (next, out_rows) in runs {
                         let mut state = c.s0.clone();
                         let head = StridedHead {
                             inputs: head_rows(t, h),
                             state: &mut state,
                             scale: 1.0 / (kd as f32).sqrt(),
                             next,
+                            out_rows,
                         };
                         let mut o = Vec::new();
                         chunked_head_strided(isa, head, chunks, &mut scr, |t0, rows| {
@@ -1333,8 +1388,10 @@ mod tests {
                             o.extend_from_slice(rows);
                         })
                         .unwrap();
-                        let what =
-                            format!("{isa:?} gate {gate} {chunks:?} next {}", next.is_some());
+                        let what = format!(
+                            "{isa:?} gate {gate} {chunks:?} next {} {out_rows:?}",
+                            next.is_some()
+                        );
                         assert_eq!(o, want_o, "{what}");
                         assert_eq!(state, want_s, "{what}");
                     }
@@ -1362,6 +1419,7 @@ mod tests {
                 state: &mut state,
                 scale: 1.0,
                 next: None,
+                out_rows: None,
             };
             let mut calls = 0;
             let r = chunked_head_strided(Isa::Portable, head, Chunks::of(16), &mut scr, |_, _| {

@@ -662,10 +662,15 @@ pub fn prefetch<T>(data: &[T]) {
 /// numpy array's, 16-byte aligned) is fetched whole.
 #[inline(always)]
 fn prefetch_lines<T>(data: &[T]) {
-    let p = data.as_ptr() as *const u8;
-    for line in line_starts(p as usize, core::mem::size_of_val(data)) {
-        // `wrapping_add`: only an address to hint (a line that `data` touches).
-        prefetch_line(p.wrapping_add(line.wrapping_sub(p as usize)));
+    prefetch_span(data.as_ptr() as usize, core::mem::size_of_val(data))
+}
+
+/// One prefetch per line that `bytes` bytes from the address `addr` touch. Only hints: the
+/// address need not be valid.
+#[inline(always)]
+fn prefetch_span(addr: usize, bytes: usize) {
+    for line in line_starts(addr, bytes) {
+        prefetch_line(line as *const u8);
     }
 }
 
@@ -685,38 +690,43 @@ fn line_starts(addr: usize, bytes: usize) -> impl Iterator<Item = usize> {
 /// Bytes per cache line: one prefetch each.
 const LINE_BYTES: usize = 64;
 
-/// Sets of rows a [`RowQueue`] holds at most.
-pub(crate) const QUEUE_SETS: usize = 5;
+/// Sets of rows a [`RowQueue`] holds at most: a chunk's five inputs and one set of output
+/// rows.
+pub(crate) const QUEUE_SETS: usize = 6;
 
 /// Rows of some inputs to prefetch one row at a time while other work runs, paced by that
 /// work ([`RowQueue::work`], which the chunk GEMMs call as they go): the next head's or the
 /// next chunk's rows of `[T, H, K]` tensors, which are a page apart and beyond the reach of the
-/// hardware prefetchers. Spread out instead of issued in one burst because a Zen 4 core keeps
-/// only the first 16 to 32 prefetches of a burst (README, twenty-first session). Prefetching
-/// never faults, so a row that is not read after all costs only a wasted hint.
+/// hardware prefetchers, and the rows a chunk's outputs go to ([`RowQueue::push_hint`]).
+/// Spread out instead of issued in one burst because a Zen 4 core keeps only the first 16 to 32
+/// prefetches of a burst (README, twenty-first session). Prefetching never faults, so a row
+/// that is not read after all costs only a wasted hint.
 pub(crate) struct RowQueue<'a> {
     /// The sets of rows, fetched in order.
-    sets: [QueuedRows<'a>; QUEUE_SETS],
+    sets: [QueuedRows; QUEUE_SETS],
     /// Sets in use.
     len: usize,
     /// The next row to fetch: `(set, row)`.
     next: core::cell::Cell<(usize, usize)>,
     /// Multiply-adds done since the last row was fetched ([`RowQueue::work`]).
     credit: core::cell::Cell<usize>,
+    /// The slices that [`RowQueue::push`] took rows of.
+    _rows: core::marker::PhantomData<&'a [f32]>,
 }
 
 /// Multiply-adds of other work per row a [`RowQueue`] fetches: about 0.15 µs on a Zen 4 core,
-/// so that the 80 input rows of the next chunk (C = 16) arrive over its ~880 k multiply-adds.
+/// so that the 96 rows of a chunk of 16 (the next chunk's 80 input rows, this one's 16 output
+/// rows) arrive over its ~880 k multiply-adds.
 const WORK_PER_ROW: usize = 8192;
 
 /// Rows one [`RowQueue::work`] call fetches at most (the rest of its credit carries over).
 const MAX_ROWS_AT_ONCE: usize = 2;
 
-/// One set of a [`RowQueue`]: `rows` rows of `dim` elements, `stride` apart, all inside
-/// `data`.
+/// One set of a [`RowQueue`]: `rows` rows of `dim` f32, `stride` elements apart, from the
+/// address `start` (only prefetched, never read).
 #[derive(Clone, Copy)]
-struct QueuedRows<'a> {
-    data: &'a [f32],
+struct QueuedRows {
+    start: usize,
     rows: usize,
     dim: usize,
     stride: usize,
@@ -726,7 +736,7 @@ impl<'a> RowQueue<'a> {
     /// An empty queue.
     pub(crate) fn new() -> Self {
         let none = QueuedRows {
-            data: &[],
+            start: 0,
             rows: 0,
             dim: 0,
             stride: 0,
@@ -736,6 +746,7 @@ impl<'a> RowQueue<'a> {
             len: 0,
             next: core::cell::Cell::new((0, 0)),
             credit: core::cell::Cell::new(0),
+            _rows: core::marker::PhantomData,
         }
     }
 
@@ -747,10 +758,17 @@ impl<'a> RowQueue<'a> {
             Some(room) if dim > 0 => room / stride + 1,
             _ => 0,
         };
+        self.push_hint(data.as_ptr() as usize, (rows.min(fit), dim, stride));
+    }
+
+    /// Appends `rows` rows of `dim` f32, `stride` elements apart, from the address `start`:
+    /// memory that other code writes meanwhile (a chunk's output rows), named by address only,
+    /// since prefetching reads nothing; ignored once [`QUEUE_SETS`] sets are queued.
+    pub(crate) fn push_hint(&mut self, start: usize, (rows, dim, stride): (usize, usize, usize)) {
         if self.len < QUEUE_SETS {
             self.sets[self.len] = QueuedRows {
-                data,
-                rows: rows.min(fit),
+                start,
+                rows,
                 dim,
                 stride,
             };
@@ -758,17 +776,18 @@ impl<'a> RowQueue<'a> {
         }
     }
 
-    /// The next queued row (and moves past it), or `None` when none is left.
+    /// The next queued row, as its address and size in bytes (and moves past it), or `None`
+    /// when none is left.
     #[inline(always)]
-    fn take(&self) -> Option<&'a [f32]> {
+    fn take(&self) -> Option<(usize, usize)> {
         let (mut set, mut row) = self.next.get();
         while set < self.len && row >= self.sets[set].rows {
             (set, row) = (set + 1, 0);
         }
         let q = self.sets[..self.len].get(set)?;
         self.next.set((set, row + 1));
-        // Always `Some`: `push` kept only rows that fit.
-        q.data.get(row * q.stride..)?.get(..q.dim)
+        let offset = row.wrapping_mul(q.stride).wrapping_mul(4);
+        Some((q.start.wrapping_add(offset), q.dim.wrapping_mul(4)))
     }
 
     /// Counts `fmas` multiply-adds of other work and hints a row into L2 per
@@ -783,7 +802,7 @@ impl<'a> RowQueue<'a> {
             }
             credit -= WORK_PER_ROW;
             match self.take() {
-                Some(row) => prefetch_lines(row),
+                Some((start, bytes)) => prefetch_span(start, bytes),
                 None => credit = 0,
             }
         }
@@ -792,8 +811,8 @@ impl<'a> RowQueue<'a> {
 
     /// Hints every row still queued.
     pub(crate) fn drain(&self) {
-        while let Some(row) = self.take() {
-            prefetch_lines(row);
+        while let Some((start, bytes)) = self.take() {
+            prefetch_span(start, bytes);
         }
     }
 }
@@ -2362,6 +2381,9 @@ mod tests {
     fn row_queue_hands_out_the_rows_that_fit_in_order() {
         let buf: Vec<f32> = (0..40).map(|i| i as f32).collect();
         let mut q = RowQueue::new();
+        // A hint first: 2 rows of 3, 5 apart, from element 30 (any address is taken as is).
+        let base = buf.as_ptr() as usize;
+        q.push_hint(base + 30 * 4, (2, 3, 5));
         // 5 rows of 3, 4 apart, in buf[0..10]: only rows 0 and 1 fit (row 2 would end at 11).
         q.push(&buf[..10], (5, 3, 4));
         // 2 contiguous rows of 2 from 20.
@@ -2369,18 +2391,11 @@ mod tests {
         // Empty and zero-width sets hand out nothing.
         q.push(&[], (3, 4, 4));
         q.push(&buf, (3, 0, 1));
-        let rows: Vec<Vec<f32>> = core::iter::from_fn(|| q.take())
-            .map(|r| r.to_vec())
+        // (first element, elements) of each row handed out.
+        let rows: Vec<(usize, usize)> = core::iter::from_fn(|| q.take())
+            .map(|(start, bytes)| ((start - base) / 4, bytes / 4))
             .collect();
-        assert_eq!(
-            rows,
-            [
-                vec![0.0, 1.0, 2.0],
-                vec![4.0, 5.0, 6.0],
-                vec![20.0, 21.0],
-                vec![22.0, 23.0]
-            ]
-        );
+        assert_eq!(rows, [(30, 3), (35, 3), (0, 3), (4, 3), (20, 2), (22, 2)]);
         assert!(q.take().is_none());
     }
 
