@@ -528,21 +528,23 @@ fn run_serial_grouped(
                     } else {
                         None
                     };
-                    // The destination rows of this block, prefetched while it runs.
-                    let out_rows = o
-                        .get((b0 * d.v_heads + hv) * d.v..)
-                        .map(|rows| RowsHint::of(rows, d.v, d.v_heads * d.v));
+                    // The block's output rows, prefetched while it runs.
+                    let mut sink = Strided {
+                        o: &mut *o,
+                        first: (b0 * d.v_heads + hv) * d.v,
+                        step: d.v_heads * d.v,
+                        v: d.v,
+                    };
                     let view = StridedHead {
                         inputs: head_view(c, (b0, b1), hv),
                         state: st,
                         scale: c.f.scale,
                         next,
-                        out_rows,
+                        out_rows: sink.hint(),
                     };
                     core_api::chunked_head_view(c.isa, view, chunk, &mut scratch, |j0, rows| {
                         for (j, row) in rows.chunks_exact(d.v).enumerate() {
-                            let at = ((b0 + j0 + j) * d.v_heads + hv) * d.v;
-                            o[at..at + d.v].copy_from_slice(row);
+                            sink.row(j0 + j).copy_from_slice(row);
                         }
                     })?;
                 }

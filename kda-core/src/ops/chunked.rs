@@ -200,6 +200,12 @@ impl RowsHint {
             stride,
         }
     }
+
+    /// The address of row `t`'s first element (wrapping: only an address to hint).
+    pub fn row_start(&self, t: usize) -> usize {
+        self.start
+            .wrapping_add(t.wrapping_mul(self.stride).wrapping_mul(4))
+    }
 }
 
 /// The input rows of one head of one sequence, read in place: `tokens` rows each; `q`, `k`,
@@ -477,10 +483,7 @@ pub fn chunked_head_strided(
         // This chunk's destination rows first (written when it ends), then what runs next.
         let mut queue = RowQueue::new();
         if let Some(o) = out_rows {
-            let start = o
-                .start
-                .wrapping_add(c0.wrapping_mul(o.stride).wrapping_mul(4));
-            queue.push_hint(start, (l, o.dim, o.stride));
+            queue.push_hint(o.row_start(c0), (l, o.dim, o.stride));
         }
         if let Some(rows) = after {
             rows.enqueue(&mut queue);

@@ -312,9 +312,6 @@ pub(crate) struct Tame {
 /// follow rows a page or more apart).
 const AHEAD: usize = 2;
 
-/// f32 per 64-byte cache line: one prefetch each.
-const LINE_F32: usize = 16;
-
 /// A tame chunk's row factors in one pass over its inputs, row by row (the running sums of
 /// the row before in `hi`, `lo`). Returns whether every `|b_r − b_0|` is at most `limit` (a
 /// NaN fails); if not, the outputs are partly written.
@@ -324,14 +321,10 @@ pub(crate) unsafe fn tame_rows<S: Simd>(s: S, t: &Tame) -> bool {
     for r in 0..t.rows {
         if r + AHEAD < t.rows {
             for src in [t.q, t.k, t.g] {
-                let row = src.p.add((r + AHEAD) * src.stride);
-                for c in (0..t.dim).step_by(LINE_F32) {
-                    s.prefetch(row.add(c));
-                }
-                // A row that does not start on a line boundary (a numpy array's) ends in one
-                // more line than the steps above reach.
-                if !(row as usize).is_multiple_of(4 * LINE_F32) {
-                    s.prefetch(row.add(t.dim - 1));
+                // Every line the row touches (a numpy row, 16 bytes into a line, one more).
+                let row = src.p.add((r + AHEAD) * src.stride) as usize;
+                for line in super::line_starts(row, 4 * t.dim) {
+                    s.prefetch(line as *const f32);
                 }
             }
         }

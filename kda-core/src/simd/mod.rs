@@ -677,7 +677,7 @@ fn prefetch_span(addr: usize, bytes: usize) {
 /// The addresses of the cache lines that `bytes` bytes from `addr` touch: from the line of the
 /// first byte to the line of the last, each once (none for 0 bytes).
 #[inline(always)]
-fn line_starts(addr: usize, bytes: usize) -> impl Iterator<Item = usize> {
+pub(super) fn line_starts(addr: usize, bytes: usize) -> impl Iterator<Item = usize> {
     let first = addr - addr % LINE_BYTES;
     let end = if bytes == 0 {
         first
@@ -1216,6 +1216,7 @@ pub fn tame_rows(
 /// small row blocks (see `Simd::split_fma_gemms`): a caller that splits such a product into
 /// row groups for the other shapes' sake can then make one call.
 pub(crate) fn short_gemm(isa: impl Into<Path>, k: usize, n: usize) -> bool {
+    let _ = (k, n); // read only by the vector arms (none on targets without a vector ISA)
     dispatch!(isa, short_gemm(k, n), false)
 }
 
