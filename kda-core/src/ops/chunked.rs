@@ -751,19 +751,11 @@ fn tame_factors(isa: Isa, inp: &ChunkIn<'_>, sc: &mut Scratch<'_>) -> Result<boo
     if !tame {
         return Ok(false);
     }
-    // `last_exps` holds e^{b_{l−1} − b_0}.
+    // `last_exps` holds e^{b_{l−1} − b_0}: `kbᵀ` and the keys to the chunk end in one pass.
     let (fwd, e0) = (&*sc.last_exps, &*sc.first_decay);
-    let kbt = &mut sc.k_hat_t[..kd * l];
-    simd::transpose(isa, l, kd, &sc.k_to_end[..l * kd], kd, kbt, l)?;
-    for ((dst, src), &f) in sc.k_to_end_t[..kd * l]
-        .chunks_exact_mut(l)
-        .zip(kbt.chunks_exact(l))
-        .zip(fwd.iter())
-    {
-        for (o, &x) in dst.iter_mut().zip(src) {
-            *o = f * x;
-        }
-    }
+    let kb = (&sc.k_to_end[..l * kd], kd);
+    let to_end = (&mut sc.k_to_end_t[..kd * l], &fwd[..kd]);
+    simd::transpose_scaled(isa, (l, kd), kb, (&mut sc.k_hat_t[..kd * l], l), to_end)?;
     mul_rows(sc.chunk_decay, e0, fwd);
     Ok(true)
 }

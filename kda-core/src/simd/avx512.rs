@@ -1,6 +1,6 @@
 //! x86-64 AVX-512F: the [`Simd`] mapping (16 lanes, 32 registers) and the kernels' entry
-//! points. Every AVX-512F CPU also has AVX2 and FMA; the 16×16 tile transpose reuses the
-//! AVX2 8×8 one on the four quarters.
+//! points. Every AVX-512F CPU also has AVX2 and FMA; the 16×16 tile transpose is four
+//! rounds of 512-bit shuffles.
 //!
 //! Two tokens share the mapping: `Avx512<false>` (AVX-512F) and `Avx512<true>` (also
 //! AVX512BW and AVX512_BF16), whose bf16 pair operations are `vpermw`, `vdpbf16ps` and
@@ -11,7 +11,6 @@ use core::arch::x86_64::*;
 
 use half::bf16;
 
-use super::avx2::{transpose8, Avx2};
 use super::vector::{round_pairs_scalar, Elem, Simd};
 
 /// Proof that the CPU has AVX-512F, AVX2 and FMA, and with `BF16` also AVX512BW and
@@ -45,28 +44,49 @@ unsafe fn interleave_index() -> __m512i {
     )
 }
 
-/// `lo` in lanes 0–7 and `hi` in lanes 8–15.
+/// The 16×16 transpose of `r` (row `i` in `r[i]`; column `j` in the result's `j`): pairs of
+/// rows interleaved, then 4×4 blocks within each 128-bit lane, then 128-bit lanes across
+/// groups of rows 4 apart and 8 apart. 64 shuffles of whole vectors (the four 8×8 quarters
+/// through AVX2 and their joins took 112 and were slower: README, twenty-fourth session).
 #[inline(always)]
-unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
-    let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
-    _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(hi)))
-}
-
-/// The 8×8 block of rows `rows[0..8]`, columns `k..k + 8`, transposed (8 lanes at a time).
-#[inline(always)]
-unsafe fn quarter<W: Elem>(rows: &[*const W], k: usize) -> [__m256; 8] {
-    let s = Avx2::new_unchecked();
-    let r = |i: usize| rows[i].add(k);
-    transpose8([
-        W::load(s, r(0)),
-        W::load(s, r(1)),
-        W::load(s, r(2)),
-        W::load(s, r(3)),
-        W::load(s, r(4)),
-        W::load(s, r(5)),
-        W::load(s, r(6)),
-        W::load(s, r(7)),
-    ])
+unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    // Lane `4L + m` of `t[2i]`/`t[2i + 1]`: rows 2i, 2i+1 of columns 4L + {0, 1} / {2, 3}.
+    let t: [__m512; 16] = core::array::from_fn(|n| {
+        let (a, b) = (r[n & !1], r[n | 1]);
+        if n % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    // `u[4i + m]`, each 128-bit lane `L`: rows 4i..4i+4 of column 4L + m.
+    let u: [__m512; 16] = core::array::from_fn(|n| {
+        let (i, m) = (n / 4, n % 4);
+        let (a, c) = (t[4 * i + m / 2], t[4 * i + 2 + m / 2]);
+        if m % 2 == 0 {
+            _mm512_shuffle_ps::<0x44>(a, c)
+        } else {
+            _mm512_shuffle_ps::<0xEE>(a, c)
+        }
+    });
+    // 128-bit lanes 0, 2 (then 1, 3) of `u[i]` and `u[i + 4]`, for rows 0–7 and 8–15.
+    let v: [__m512; 16] = core::array::from_fn(|n| {
+        let (half, odd, i) = (n / 8, (n / 4) % 2, n % 4);
+        let (a, b) = (u[8 * half + i], u[8 * half + 4 + i]);
+        if odd == 0 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    });
+    core::array::from_fn(|j| {
+        let (a, b) = (v[j % 8], v[8 + j % 8]);
+        if j < 8 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    })
 }
 
 // SAFETY (every method): an `Avx512` exists only where the CPU has AVX-512F, AVX2 and FMA
@@ -172,27 +192,7 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     }
     #[inline(always)]
     unsafe fn load_tile<W: Elem>(self, rows: &[*const W], k: usize) -> [__m512; 16] {
-        // Quarters: rows 0–7 / 8–15 × columns k..k+8 / k+8..k+16.
-        let (a, b) = (quarter(rows, k), quarter(&rows[8..], k));
-        let (c, d) = (quarter(rows, k + 8), quarter(&rows[8..], k + 8));
-        [
-            join(a[0], b[0]),
-            join(a[1], b[1]),
-            join(a[2], b[2]),
-            join(a[3], b[3]),
-            join(a[4], b[4]),
-            join(a[5], b[5]),
-            join(a[6], b[6]),
-            join(a[7], b[7]),
-            join(c[0], d[0]),
-            join(c[1], d[1]),
-            join(c[2], d[2]),
-            join(c[3], d[3]),
-            join(c[4], d[4]),
-            join(c[5], d[5]),
-            join(c[6], d[6]),
-            join(c[7], d[7]),
-        ]
+        transpose16(core::array::from_fn(|i| W::load(self, rows[i].add(k))))
     }
     #[inline(always)]
     fn tile_col(self, tile: &[__m512; 16], j: usize) -> __m512 {

@@ -852,7 +852,8 @@ unsafe fn gemm_short<S: Simd>(s: S, m: usize, n: usize, g: &Gemm) {
     }
 }
 
-/// `dst[c·ldd + r] = src[r·lds + c]` for a `rows × cols` block: `LANES × LANES` tiles through
+/// `dst[c·ldd + r] = src[r·lds + c]` for a `rows × cols` block and, given `(scaled, scales)`,
+/// also `scaled[c·ldd + r] = scales[c] · src[r·lds + c]`: `LANES × LANES` tiles through
 /// registers, scalar edges.
 #[inline(always)]
 pub(crate) unsafe fn transpose<S: Simd>(
@@ -860,9 +861,18 @@ pub(crate) unsafe fn transpose<S: Simd>(
     (rows, cols): (usize, usize),
     (src, lds): (&[f32], usize),
     (dst, ldd): (&mut [f32], usize),
+    scaled: Option<(&mut [f32], &[f32])>,
 ) {
     let l = S::LANES;
     let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let scaled = scaled.map(|(d, f)| (d.as_mut_ptr(), f.as_ptr()));
+    // Element (r, c) to both destinations.
+    let put = |at: usize, c: usize, x: f32| {
+        *dp.add(at) = x;
+        if let Some((d, f)) = scaled {
+            *d.add(at) = *f.add(c) * x;
+        }
+    };
     let (rl, cl) = (rows / l * l, cols / l * l);
     let mut r = 0;
     while r < rl {
@@ -872,20 +882,24 @@ pub(crate) unsafe fn transpose<S: Simd>(
         while c < cl {
             let tile = s.load_tile(&rp, c);
             for j in 0..l {
-                s.store(dp.add((c + j) * ldd + r), s.tile_col(&tile, j));
+                let (at, col) = ((c + j) * ldd + r, s.tile_col(&tile, j));
+                s.store(dp.add(at), col);
+                if let Some((d, f)) = scaled {
+                    s.store(d.add(at), s.mul(s.broadcast(f.add(c + j)), col));
+                }
             }
             c += l;
         }
         for cc in cl..cols {
             for i in 0..l {
-                *dp.add(cc * ldd + r + i) = *sp.add((r + i) * lds + cc);
+                put(cc * ldd + r + i, cc, *sp.add((r + i) * lds + cc));
             }
         }
         r += l;
     }
     for rr in rl..rows {
         for cc in 0..cols {
-            *dp.add(cc * ldd + rr) = *sp.add(rr * lds + cc);
+            put(cc * ldd + rr, cc, *sp.add(rr * lds + cc));
         }
     }
 }
@@ -2133,8 +2147,9 @@ macro_rules! instantiate {
             shape: (usize, usize),
             src: (&[f32], usize),
             dst: (&mut [f32], usize),
+            scaled: Option<(&mut [f32], &[f32])>,
         ) {
-            k::transpose($token, shape, src, dst)
+            k::transpose($token, shape, src, dst, scaled)
         }
         $(#[target_feature(enable = $features)])?
         pub(crate) unsafe fn pack_panel<W: $crate::simd::vector::Elem>(ws: &[&[W]], k0: usize, k1: usize, panel: &mut [f32]) {

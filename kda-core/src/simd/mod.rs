@@ -1232,6 +1232,34 @@ pub fn transpose(
     dst: &mut [f32],
     ldd: usize,
 ) -> Result<(), KdaError> {
+    transpose_with(isa.into(), (rows, cols), (src, lds), (dst, ldd), None)
+}
+
+/// [`transpose`], and in the same pass `scaled[c·ldd + r] = scales[c] · src[r·lds + c]`: the
+/// transpose with each of its rows scaled, as a second output (bitwise the products that a
+/// pass of its own over the transpose would make).
+pub(crate) fn transpose_scaled(
+    isa: impl Into<Path>,
+    shape: (usize, usize),
+    src: (&[f32], usize),
+    dst: (&mut [f32], usize),
+    (scaled, scales): (&mut [f32], &[f32]),
+) -> Result<(), KdaError> {
+    let (rows, cols) = shape;
+    if rows > 0 && cols > 0 && !(fits(scaled.len(), cols, dst.1, rows) && scales.len() >= cols) {
+        return bad("simd::transpose_scaled arguments");
+    }
+    transpose_with(isa.into(), shape, src, dst, Some((scaled, scales)))
+}
+
+/// [`transpose`] and [`transpose_scaled`] (whose second output is checked already).
+fn transpose_with(
+    isa: Path,
+    (rows, cols): (usize, usize),
+    (src, lds): (&[f32], usize),
+    (dst, ldd): (&mut [f32], usize),
+    scaled: Option<(&mut [f32], &[f32])>,
+) -> Result<(), KdaError> {
     if rows == 0 || cols == 0 {
         return Ok(());
     }
@@ -1240,8 +1268,8 @@ pub fn transpose(
     }
     dispatch!(
         isa,
-        transpose((rows, cols), (src, lds), (dst, ldd)),
-        portable::transpose(rows, cols, src, lds, dst, ldd)
+        transpose((rows, cols), (src, lds), (dst, ldd), scaled),
+        portable::transpose((rows, cols), (src, lds), (dst, ldd), scaled)
     );
     Ok(())
 }
@@ -2132,6 +2160,33 @@ mod tests {
                         assert_eq!(dst[j * (r + 2) + i], src[i * (c + 1) + j]);
                     }
                 }
+                // With the scaled copy: the same transpose, and each product bit for bit.
+                let scales = rnd(c, 22);
+                let (mut plain, mut scaled) =
+                    (std::vec![0.0; dst.len()], std::vec![0.0; dst.len()]);
+                let shape = ((r, c), (&src[..], c + 1), (&mut plain[..], r + 2));
+                assert!(
+                    transpose_scaled(isa, shape.0, shape.1, shape.2, (&mut scaled, &scales))
+                        .is_ok()
+                );
+                assert_eq!(plain, dst, "{isa:?} {r}x{c}");
+                for i in 0..r {
+                    for j in 0..c {
+                        let want = scales[j] * src[i * (c + 1) + j];
+                        let got = scaled[j * (r + 2) + i];
+                        assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} {r}x{c} ({i}, {j})");
+                    }
+                }
+                // A second output or scales too short: an error, nothing written.
+                let mut short = std::vec![0.0; (c - 1) * (r + 2) + r - 1];
+                let args = ((r, c), (&src[..], c + 1), (&mut plain[..], r + 2));
+                assert!(
+                    transpose_scaled(isa, args.0, args.1, args.2, (&mut short, &scales)).is_err()
+                );
+                assert!(short.iter().all(|&x| x == 0.0));
+                let args = ((r, c), (&src[..], c + 1), (&mut plain[..], r + 2));
+                let few = &scales[..c - 1];
+                assert!(transpose_scaled(isa, args.0, args.1, args.2, (&mut scaled, few)).is_err());
             }
         }
     }

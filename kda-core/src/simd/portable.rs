@@ -115,16 +115,18 @@ pub(super) fn gemm_acc(
 }
 
 pub(super) fn transpose(
-    rows: usize,
-    cols: usize,
-    src: &[f32],
-    lds: usize,
-    dst: &mut [f32],
-    ldd: usize,
+    (rows, cols): (usize, usize),
+    (src, lds): (&[f32], usize),
+    (dst, ldd): (&mut [f32], usize),
+    mut scaled: Option<(&mut [f32], &[f32])>,
 ) {
     for r in 0..rows {
         for c in 0..cols {
-            dst[c * ldd + r] = src[r * lds + c];
+            let x = src[r * lds + c];
+            dst[c * ldd + r] = x;
+            if let Some((d, f)) = scaled.as_mut() {
+                d[c * ldd + r] = f[c] * x;
+            }
         }
     }
 }
