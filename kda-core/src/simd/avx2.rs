@@ -23,7 +23,7 @@ impl Avx2 {
 /// Transposes an 8×8 block held as 8 row vectors into 8 column vectors (unpack, shuffle,
 /// lane permute: 24 shuffles).
 #[inline(always)]
-pub(crate) unsafe fn transpose8(a: [__m256; 8]) -> [__m256; 8] {
+unsafe fn transpose8(a: [__m256; 8]) -> [__m256; 8] {
     let t0 = _mm256_unpacklo_ps(a[0], a[1]);
     let t1 = _mm256_unpackhi_ps(a[0], a[1]);
     let t2 = _mm256_unpacklo_ps(a[2], a[3]);

@@ -507,6 +507,7 @@ pub fn panel_fma_bf16(
     {
         return bad("simd::panel_fma_bf16 arguments");
     }
+    let _ = ahead; // read only by the vector arms (none on targets without a vector ISA)
     dispatch!(
         isa,
         panel_fma(xs, (k0, k1), panels, (acc, ld), ahead),
@@ -585,6 +586,7 @@ pub fn pairs_panel_fma(
         return bad("simd::pairs_panel_fma arguments");
     }
     let st = steps.tuple();
+    let _ = ahead; // read only by the vector arms (none on targets without a vector ISA)
     dispatch!(
         isa,
         pairs_panel_fma(xs, st, panels, (acc, ld), ahead),
@@ -1243,16 +1245,12 @@ pub(crate) fn transpose_scaled(
     shape: (usize, usize),
     src: (&[f32], usize),
     dst: (&mut [f32], usize),
-    (scaled, scales): (&mut [f32], &[f32]),
+    scaled: (&mut [f32], &[f32]),
 ) -> Result<(), KdaError> {
-    let (rows, cols) = shape;
-    if rows > 0 && cols > 0 && !(fits(scaled.len(), cols, dst.1, rows) && scales.len() >= cols) {
-        return bad("simd::transpose_scaled arguments");
-    }
-    transpose_with(isa.into(), shape, src, dst, Some((scaled, scales)))
+    transpose_with(isa.into(), shape, src, dst, Some(scaled))
 }
 
-/// [`transpose`] and [`transpose_scaled`] (whose second output is checked already).
+/// [`transpose`] and [`transpose_scaled`]: every slice checked against the shape first.
 fn transpose_with(
     isa: Path,
     (rows, cols): (usize, usize),
@@ -1263,7 +1261,10 @@ fn transpose_with(
     if rows == 0 || cols == 0 {
         return Ok(());
     }
-    if !(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows)) {
+    let second_fits = scaled
+        .as_ref()
+        .is_none_or(|(d, f)| fits(d.len(), cols, ldd, rows) && f.len() >= cols);
+    if !(fits(src.len(), rows, lds, cols) && fits(dst.len(), cols, ldd, rows) && second_fits) {
         return bad("simd::transpose arguments");
     }
     dispatch!(
