@@ -9,10 +9,10 @@
 //!   API (cuBLAS projections included) with the CPU backend (f32 ≤ 1e-4, bf16 I/O ≤ 5e-3 on
 //!   outputs and all caches, chunk-size independence, device-resident prefill → decode through
 //!   [`kda_core::KdaBackend`], argument errors), and every fla fixture ran on the device: worst
-//!   rel-RMS 7.4e-7 against fla and against the CPU backend. Speed (the repository README has
-//!   the table): prefill T = 8192, H = 96, K = 128 in 38.8 ms for the delta-rule core against
-//!   fla's `chunk_kda` at 3.17 ms on the same GPU; decode at 52 % (batch 1) and 39 % (batch 64)
-//!   of the HBM datasheet bandwidth for the state and weight bytes.
+//!   rel-RMS 7.4e-7 against fla and against the CPU backend. Speed (the table is in
+//!   `PERFORMANCE.md`, nineteenth session): prefill T = 8192, H = 96, K = 128 in 38.8 ms for the
+//!   delta-rule core against fla's `chunk_kda` at 3.17 ms on the same GPU; decode at 52 %
+//!   (batch 1) and 39 % (batch 64) of the HBM datasheet bandwidth for the state and weight bytes.
 //! * **Compile-checked in CI for sm_80, sm_90 and sm_100.** CI compiles every kernel source with
 //!   NVRTC 12.8 for `sm_80` and `sm_90` and with NVRTC 13.0 for `sm_90` and `sm_100` (both from
 //!   PyPI; no GPU, no CUDA toolkit), failing on any error, warning, missing entry point or

@@ -25,7 +25,8 @@
 #   transformers' references, in rounds; decode overhead).
 #
 # Nothing here is a pass/fail check: it prints the figures (and writes them to FILE, default
-# target/machine-table.log) for the README's table of this machine class. Run it on an idle
+# target/machine-table.log) for the README's table of this machine class (Performance; the
+# runs behind it in PERFORMANCE.md). Run it on an idle
 # machine: shared VMs move by 10-20 % between runs, hence the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

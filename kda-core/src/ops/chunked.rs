@@ -174,7 +174,7 @@ pub struct StridedHead<'a> {
     /// kernel prefetches each chunk's destination rows while it computes the chunk, so that
     /// the copy does not wait for them (the rows of one head of a `[T, H, V]` output are a
     /// page or more apart, and a 64 MiB output is not in any cache: the copy took ~6 % of a
-    /// call on Zen 4, README, twenty-third session). `None` if unknown.
+    /// call on Zen 4, PERFORMANCE.md, twenty-third session). `None` if unknown.
     pub out_rows: Option<RowsHint>,
 }
 

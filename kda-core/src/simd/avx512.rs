@@ -47,7 +47,7 @@ unsafe fn interleave_index() -> __m512i {
 /// The 16×16 transpose of `r` (row `i` in `r[i]`; column `j` in the result's `j`): pairs of
 /// rows interleaved, then 4×4 blocks within each 128-bit lane, then 128-bit lanes across
 /// groups of rows 4 apart and 8 apart. 64 shuffles of whole vectors (the four 8×8 quarters
-/// through AVX2 and their joins took 112 and were slower: README, twenty-fourth session).
+/// through AVX2 and their joins took 112 and were slower: PERFORMANCE.md, twenty-fourth session).
 #[inline(always)]
 unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     // Lane `4L + m` of `t[2i]`/`t[2i + 1]`: rows 2i, 2i+1 of columns 4L + {0, 1} / {2, 3}.

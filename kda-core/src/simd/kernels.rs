@@ -705,7 +705,7 @@ unsafe fn gemm_steps<S: Simd, const MR: usize, const NV: usize>(
 /// registers): `⌈m/12⌉` blocks as even as they go (32 = 11 + 11 + 10, 16 = 8 + 8), each with
 /// enough independent accumulators to hide the FMA latency; the chunked form's state products
 /// (m = 32 at chunk 16) were 12 + 12 + 4 + 4, and their two 4-row blocks (8 accumulators, no
-/// slack over the FMA latency) slowed the whole product (README, eighteenth session).
+/// slack over the FMA latency) slowed the whole product (PERFORMANCE.md, eighteenth session).
 /// Otherwise: blocks of 6, a rest of 1 to 3 rows merged with the last 6-row block and split as
 /// evenly as it goes (7 = 4 + 3, 8 = 4 + 4, 9 = 5 + 4): a block of 2 rows has too few
 /// accumulators. The block shape never changes a result: every element is its own chain over

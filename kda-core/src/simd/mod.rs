@@ -701,7 +701,7 @@ pub(crate) const QUEUE_SETS: usize = 6;
 /// next chunk's rows of `[T, H, K]` tensors, which are a page apart and beyond the reach of the
 /// hardware prefetchers, and the rows a chunk's outputs go to ([`RowQueue::push_hint`]).
 /// Spread out instead of issued in one burst because a Zen 4 core keeps only the first 16 to 32
-/// prefetches of a burst (README, twenty-first session). Prefetching never faults, so a row
+/// prefetches of a burst (PERFORMANCE.md, twenty-first session). Prefetching never faults, so a row
 /// that is not read after all costs only a wasted hint.
 pub(crate) struct RowQueue<'a> {
     /// The sets of rows, fetched in order.

@@ -58,7 +58,7 @@ pub(crate) trait Simd: Copy {
 
     /// [`Simd::PREFILL_PANELS`] on the CPU this runs on: the AVX-512 paths take 1 on a core
     /// that runs each 512-bit FMA as two 256-bit halves (AMD Zen 4), where one panel per block
-    /// was measured 9 % faster than two (README, twenty-first session).
+    /// was measured 9 % faster than two (PERFORMANCE.md, twenty-first session).
     #[inline(always)]
     fn prefill_panels(self) -> usize {
         Self::PREFILL_PANELS
@@ -69,8 +69,8 @@ pub(crate) trait Simd: Copy {
     /// state update) in blocks of 4 rows × 4 vectors, row blocks outer, instead of the usual
     /// column panels (the update 16 % faster), and every register block summing its products
     /// from zero and adding `C`'s start value at the end, instead of starting its chains from
-    /// `C` (6 % of that; README, twenty-second session). Elsewhere unmeasured, so left as it
-    /// was. The late start changes the rounding, not the accuracy.
+    /// `C` (6 % of that; PERFORMANCE.md, twenty-second session). Elsewhere unmeasured, so left
+    /// as it was. The late start changes the rounding, not the accuracy.
     #[inline(always)]
     fn split_fma_gemms(self) -> bool {
         false
