@@ -26,8 +26,8 @@
 #
 # Nothing here is a pass/fail check: it prints the figures (and writes them to FILE, default
 # target/machine-table.log) for the README's table of this machine class (Performance; the
-# runs behind it in PERFORMANCE.md). Run it on an idle
-# machine: shared VMs move by 10-20 % between runs, hence the rounds.
+# runs behind it in PERFORMANCE.md). Run it on an idle machine: shared VMs move by 10-20 %
+# between runs, hence the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
