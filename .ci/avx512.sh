@@ -99,7 +99,7 @@ for t in "${TESTS[@]}"; do
     cp "$path" "$IMG/root/t/$t"
     strip "$IMG/root/t/$t"
 done
-cp tests/fixtures/* "$IMG/root/fixtures/"
+cp -r tests/fixtures/* "$IMG/root/fixtures/"
 {
     echo '#!/bin/sh'
     # No device nodes in the archive (making them needs root): devtmpfs provides the console.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The Python package kda-py: builds it with maturin into a cached venv and runs its pytest suite
-# (kernels vs fla-core 0.6.0's naive references, the layer API, the transformers integration).
+# The Python package kda-py: builds its wheel with maturin (the abi3 wheel, one file for every
+# CPython >= 3.9: the artefact users install), installs that file into a cached venv and runs the
+# pytest suite against it (kernels vs fla-core 0.6.0's naive references, the layer API, the
+# transformers integration). The tested wheel is kept in $KDA_WHEEL_DIR (default target/wheels).
 #
 # The venv lives OUTSIDE the repository, at $KDA_PY_CACHE/venv-<hash>, where the hash covers
 # the pinned requirement files and the Python version: a run with the same pins reuses it, so
@@ -36,12 +38,33 @@ if [ ! -f "$VENV/.complete" ]; then
     find "$CACHE" -maxdepth 1 -name 'venv-*' ! -name "venv-$key" -exec rm -rf {} +
 fi
 
-export PATH="$VENV/bin:$PATH"  # maturin, called by pip as the build backend
+WHEEL_DIR=${KDA_WHEEL_DIR:-target/wheels}
 
-# Build and install the package the way users do (`pip install ./kda-py`), reusing the venv's
-# maturin instead of an isolated build environment, and the workspace's target/ for cargo.
-"$VENV/bin/python" -m pip install --quiet --no-build-isolation --force-reinstall --no-deps ./kda-py
+# One release build of the wheel (the workspace's target/ serves cargo), into a fresh folder so
+# no older wheel can be picked up; its name must carry the abi3 tag.
+build=$(mktemp -d)
+trap 'rm -rf "$build"' EXIT
+"$VENV/bin/maturin" build --release --manifest-path kda-py/Cargo.toml \
+    --interpreter "$VENV/bin/python" --out "$build"
+wheels=("$build"/*.whl)
+if [ "${#wheels[@]}" -ne 1 ] || [ ! -f "${wheels[0]}" ]; then
+    echo "error: maturin wrote ${#wheels[@]} wheels to $build, expected one" >&2
+    exit 1
+fi
+wheel=${wheels[0]}
+case "$(basename "$wheel")" in
+    *-abi3-*) ;;
+    *)
+        echo "error: $(basename "$wheel") is not an abi3 wheel (pyo3's abi3-py39 feature)" >&2
+        exit 1
+        ;;
+esac
+"$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 
 # pytest exits 5 when it collects no tests: with `set -e` that fails CI like any failure.
 # Run from kda-py/tests so the installed package, not the source folder, is imported.
 (cd kda-py/tests && "$VENV/bin/python" -m pytest -q -p no:cacheprovider .)
+
+mkdir -p "$WHEEL_DIR"
+cp "$wheel" "$WHEEL_DIR/"
+echo "wheel: $WHEEL_DIR/$(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB), installed and tested"

@@ -46,6 +46,31 @@ static void *rd_bytes(Reader *r, size_t n) {
     return m;
 }
 
+static void check(KdaStatus s, const char *call);
+
+/* A compressed-tensors group-quantised matrix: its tensors, checked into a KdaGroups handle
+ * (malloc'd, kept for the run like the tensors it views). */
+static const KdaGroups *rd_groups(Reader *r) {
+    static const size_t scale_size[] = {4, 2, 2};
+    KdaGroupTensors g;
+    g.bits = rd_u32(r);
+    g.scales_dtype = rd_u32(r);
+    g.group_size = rd_u64(r);
+    g.rows = rd_u64(r);
+    g.cols = rd_u64(r);
+    g.packed_len = rd_u64(r);
+    g.scales_len = rd_u64(r);
+    g.zeros_len = rd_u64(r);
+    if (g.scales_dtype > 2) fail("bad scales dtype");
+    g.packed = rd_bytes(r, g.packed_len * 4);
+    g.scales = rd_bytes(r, g.scales_len * scale_size[g.scales_dtype]);
+    g.zeros = g.zeros_len ? (const uint32_t *)rd_bytes(r, g.zeros_len * 4) : NULL;
+    KdaGroups *h = malloc(sizeof *h);
+    if (!h) fail("out of memory");
+    check(kda_groups_init(h, &g), "kda_groups_init");
+    return h;
+}
+
 static KdaTensor rd_tensor(Reader *r) {
     static const size_t elem[] = {4, 2, 2, 1};
     KdaTensor t;
@@ -53,6 +78,15 @@ static KdaTensor rd_tensor(Reader *r) {
     t.layout = rd_u32(r);
     t.len = rd_u64(r);
     t.scales_len = rd_u64(r);
+    t.scales = NULL;
+    if (t.dtype >= KDA_DTYPE_GGUF_BASE) { /* GGUF blocks, as stored: len bytes */
+        t.data = rd_bytes(r, t.len);
+        return t;
+    }
+    if (t.dtype == KDA_DTYPE_GROUPS) {
+        t.data = rd_groups(r);
+        return t;
+    }
     if (t.dtype > 3) fail("bad dtype");
     t.data = t.len ? rd_bytes(r, t.len * elem[t.dtype]) : NULL;
     t.scales = t.scales_len ? (const float *)rd_bytes(r, t.scales_len * 4) : NULL;

@@ -9,7 +9,10 @@
 //! `"KDAL"`, u32 version 1; config: u64 hidden, heads, head_dim, conv_width, u32 decay_gate,
 //! f32 lower_bound, u64 decay_rank, output_gate_rank, f32 rms_eps, l2_eps, scale; options: u32
 //! mode, u64 chunk_size, u32 isa; u32 path (0 float, 1 integer); 15 tensors in `KdaWeights`
-//! order, each u32 dtype, u32 layout, u64 len, u64 scales_len, the elements, the scales; u64
+//! order, each u32 dtype, u32 layout, u64 len, u64 scales_len, the elements, the scales (GGUF
+//! blocks, dtype `KDA_DTYPE_GGUF_BASE + t`: `len` bytes; `KDA_DTYPE_GROUPS`: then u32 bits,
+//! u32 scales dtype, u64 group size, rows, cols, packed words, scales, zero-point words, and
+//! the packed words, scales and zero-point words); u64
 //! prompt tokens T, u64 sequences N, N + 1 u64 offsets, T·hidden f32 prompt rows; u64 decode
 //! steps, steps·N·hidden 4-byte decode inputs (f32, or Q15.16 i32 on the integer path).
 
@@ -17,6 +20,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use kda_core::fixed::{self, FixedCachesMut};
+use kda_core::quant::{BlockFormat, Blocks, GroupFormat, GroupTensors, Groups, Scales};
 use kda_core::{
     bf16, f16, Batch, CachesMut, Data, DecayGate, ForwardOptions, GateProj, GateWeights,
     InitialCaches, KdaConfig, KdaError, KdaLayer, KdaWeights, MatRef, Mode, Serial,
@@ -52,6 +56,83 @@ enum Store {
     Bf16Panels,
     /// Matrices and convs int8 (quantize_layer), vectors f32.
     I8,
+    /// Matrices GGUF Q8_0 blocks (random quants and f16 scales), the rest f32.
+    Q8_0,
+    /// Matrices compressed-tensors int4 groups of 32, symmetric, bf16 scales (random).
+    Int4G32,
+    /// Matrices compressed-tensors int8 groups of 32 with zero points, f16 scales (random).
+    Int8G32Asym,
+}
+
+/// The stored bytes of a layer's quantised matrices (random, in `KdaWeights` matrix order).
+#[derive(Default)]
+struct QBytes {
+    blocks: Vec<Vec<u8>>,
+    packed: Vec<Vec<u8>>,
+    bf16: Vec<Vec<bf16>>,
+    f16: Vec<Vec<f16>>,
+    zeros: Vec<Vec<u8>>,
+}
+
+fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| (rng.next() >> 56) as u8).collect()
+}
+
+/// Random quantised versions of `o`'s matrices for `store`.
+fn random_quantised(o: &Owned, store: Store, rng: &mut Rng) -> QBytes {
+    let mut q = QBytes::default();
+    for &(_, r, c) in &o.mats {
+        let scale =
+            |rng: &mut Rng, q: f32| (1.0 + 0.5 * rng.uniform(1.0)) / (q * (c as f32).sqrt());
+        match store {
+            Store::Q8_0 => {
+                let mut b = Vec::new();
+                for _ in 0..r * c / 32 {
+                    b.extend_from_slice(&f16::from_f32(scale(rng, 127.0)).to_bits().to_le_bytes());
+                    b.extend(random_bytes(rng, 32));
+                }
+                q.blocks.push(b);
+            }
+            Store::Int4G32 => {
+                q.packed.push(random_bytes(rng, r * c / 2));
+                q.bf16.push(
+                    (0..r * c / 32)
+                        .map(|_| bf16::from_f32(scale(rng, 8.0)))
+                        .collect(),
+                );
+            }
+            Store::Int8G32Asym => {
+                q.packed.push(random_bytes(rng, r * c));
+                q.f16.push(
+                    (0..r * c / 32)
+                        .map(|_| f16::from_f32(scale(rng, 128.0)))
+                        .collect(),
+                );
+                q.zeros.push(random_bytes(rng, r.div_ceil(4) * 4 * c / 32));
+            }
+            _ => {}
+        }
+    }
+    q
+}
+
+/// The [`Groups`] views of `q`'s group-quantised matrices.
+fn groups<'a>(o: &Owned, q: &'a QBytes) -> Result<Vec<Groups<'a>>, KdaError> {
+    let mut v = Vec::new();
+    for (i, &(_, r, c)) in o.mats.iter().enumerate() {
+        let (bits, scales, zeros) = match (q.bf16.get(i), q.f16.get(i)) {
+            (Some(s), _) => (4, Scales::Bf16(s), None),
+            (None, Some(s)) => (8, Scales::F16(s), q.zeros.get(i).map(|z| &z[..])),
+            (None, None) => return Ok(v),
+        };
+        let t = GroupTensors {
+            packed: &q.packed[i],
+            scales,
+            zeros,
+        };
+        v.push(Groups::new("w", GroupFormat { bits, group: 32 }, t, r, c)?);
+    }
+    Ok(v)
 }
 
 struct Variant {
@@ -118,18 +199,32 @@ struct Converted {
     f16: Vec<Vec<f16>>,
 }
 
-fn views<'a>(
-    cfg: &KdaConfig,
-    o: &'a Owned,
-    conv: Option<&'a Converted>,
-) -> Result<KdaWeights<'a>, KdaError> {
+/// How a layer's matrices are stored: f32 in `Owned`, bf16 panels, or quantised.
+#[derive(Clone, Copy)]
+enum Mats<'a> {
+    F32,
+    Panels(&'a Converted),
+    Blocks(&'a QBytes),
+    Groups(&'a [Groups<'a>]),
+}
+
+fn views<'a>(cfg: &KdaConfig, o: &'a Owned, mats: Mats<'a>) -> Result<KdaWeights<'a>, KdaError> {
+    let conv = match mats {
+        Mats::Panels(cv) => Some(cv),
+        _ => None,
+    };
     let mats = o
         .mats
         .iter()
         .enumerate()
-        .map(|(i, (v, r, c))| match conv {
-            Some(cv) => MatRef::new_panels("w", Data::Bf16(&cv.bf16[i]), *r, *c),
-            None => MatRef::new("w", Data::F32(v), *r, *c),
+        .map(|(i, (v, r, c))| match mats {
+            Mats::Panels(cv) => MatRef::new_panels("w", Data::Bf16(&cv.bf16[i]), *r, *c),
+            Mats::F32 => MatRef::new("w", Data::F32(v), *r, *c),
+            Mats::Blocks(q) => {
+                let b = Blocks::new("w", BlockFormat::Q8_0, &q.blocks[i], r * c)?;
+                MatRef::new("w", Data::Blocks(b), *r, *c)
+            }
+            Mats::Groups(g) => MatRef::new("w", Data::Groups(g[i].all_rows()), *r, *c),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut it = mats.into_iter();
@@ -257,6 +352,15 @@ impl File {
                 &[],
             ),
             Data::I8 { data, scales } => (3, data.iter().map(|&v| v as u8).collect(), scales),
+            Data::Blocks(b) => {
+                self.u32(kda_capi::KDA_DTYPE_GGUF_BASE + b.format().ggml_type());
+                self.u32(0);
+                self.u64(b.bytes().len());
+                self.u64(0);
+                self.0.extend_from_slice(b.bytes());
+                return;
+            }
+            Data::Groups(g) => return self.groups(g.matrix()),
         };
         self.u32(dtype);
         self.u32(u32::from(panels));
@@ -266,6 +370,36 @@ impl File {
         for &s in scales {
             self.f32(s);
         }
+    }
+
+    fn groups(&mut self, g: &Groups<'_>) {
+        self.u32(kda_capi::KDA_DTYPE_GROUPS);
+        self.u32(0);
+        self.u64(g.rows() * g.cols());
+        self.u64(0);
+        let f = g.format();
+        let (dtype, scales): (u32, Vec<u8>) = match g.scales() {
+            Scales::F32(s) => (0, s.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            Scales::Bf16(s) => (
+                1,
+                s.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+            ),
+            Scales::F16(s) => (
+                2,
+                s.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+            ),
+        };
+        let zeros = g.zeros().unwrap_or(&[]);
+        self.u32(u32::from(f.bits));
+        self.u32(dtype);
+        for v in [f.group, g.rows(), g.cols(), g.packed().len() / 4] {
+            self.u64(v);
+        }
+        self.u64(g.scales().len());
+        self.u64(zeros.len() / 4);
+        self.0.extend_from_slice(g.packed());
+        self.0.extend_from_slice(&scales);
+        self.0.extend_from_slice(zeros);
     }
 
     fn weights(&mut self, w: &KdaWeights<'_>) {
@@ -440,7 +574,15 @@ fn export(v: &Variant, dir: &std::path::Path) -> Result<(), Box<dyn std::error::
     let mut rng = Rng(v.seed);
     let owned = random_layer(&v.cfg, &mut rng);
     let conv = (v.store == Store::Bf16Panels).then(|| convert(&owned));
-    let w = views(&v.cfg, &owned, conv.as_ref())?;
+    let qbytes = random_quantised(&owned, v.store, &mut rng);
+    let group_views = groups(&owned, &qbytes)?;
+    let mats = match (v.store, conv.as_ref()) {
+        (_, Some(cv)) => Mats::Panels(cv),
+        (Store::Q8_0, _) => Mats::Blocks(&qbytes),
+        (Store::Int4G32 | Store::Int8G32Asym, _) => Mats::Groups(&group_views),
+        _ => Mats::F32,
+    };
+    let w = views(&v.cfg, &owned, mats)?;
     let q = kda_core::quantized_len(&v.cfg, true)?;
     let (mut qd, mut qs) = (vec![0i8; q.weights], vec![0f32; q.scales]);
     let w = if v.store == Store::I8 {
@@ -507,6 +649,36 @@ fn variants() -> Vec<Variant> {
             seq_lens: &[4, 0, 6],
             steps: 2,
             seed: 3,
+        },
+        Variant {
+            name: "q8_0_kimi_linear",
+            cfg: KdaConfig::kimi_linear(64, 2, 32),
+            opts: ForwardOptions::default(),
+            store: Store::Q8_0,
+            fixed: false,
+            seq_lens: &[9, 3],
+            steps: 2,
+            seed: 5,
+        },
+        Variant {
+            name: "int4_g32_kimi_linear",
+            cfg: KdaConfig::kimi_linear(64, 2, 32),
+            opts: ForwardOptions::default(),
+            store: Store::Int4G32,
+            fixed: false,
+            seq_lens: &[7, 6],
+            steps: 2,
+            seed: 6,
+        },
+        Variant {
+            name: "int8_g32_asym_k3",
+            cfg: KdaConfig::kimi_k3(64, 2, 32),
+            opts: ForwardOptions::default().with_mode(Mode::Chunked),
+            store: Store::Int8G32Asym,
+            fixed: false,
+            seq_lens: &[10],
+            steps: 2,
+            seed: 7,
         },
         Variant {
             name: "i8_fixed_k3",

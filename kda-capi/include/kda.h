@@ -119,6 +119,43 @@
 #define KDA_PRECISION_BF16 1
 
 /**
+ * `KdaTensor::dtype`: IEEE f32 (`float`), 4-byte aligned.
+ */
+#define KDA_DTYPE_F32 0
+
+/**
+ * `KdaTensor::dtype`: bfloat16 stored as `uint16_t`, 2-byte aligned.
+ */
+#define KDA_DTYPE_BF16 1
+
+/**
+ * `KdaTensor::dtype`: IEEE f16 stored as `uint16_t`, 2-byte aligned.
+ */
+#define KDA_DTYPE_F16 2
+
+/**
+ * `KdaTensor::dtype`: symmetric int8 (`int8_t`) with f32 scales (`KdaTensor::scales`): one per
+ * row (per output feature; per channel for conv weights).
+ */
+#define KDA_DTYPE_I8 3
+
+/**
+ * `KdaTensor::dtype` of a GGUF block-quantised matrix: `KDA_DTYPE_GGUF_BASE + t`, `t` the
+ * ggml type id (2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K,
+ * 14 Q6_K). `data` holds the blocks exactly as a GGUF file stores them (each row a whole
+ * number of blocks), `len` is their size in **bytes**, `scales` NULL. Matrices only,
+ * row-major.
+ */
+#define KDA_DTYPE_GGUF_BASE 256
+
+/**
+ * `KdaTensor::dtype` of a compressed-tensors `pack-quantized` matrix: `data` points to a
+ * [`crate::KdaGroups`] handle initialised by `kda_groups_init` (which, with the data it views, must
+ * outlive the layer), `len` is `rows · cols`, `scales` NULL. Matrices only, row-major.
+ */
+#define KDA_DTYPE_GROUPS 5
+
+/**
  * Size of [`KdaFixedLayer`] in 8-byte words.
  */
 #define KDA_FIXED_LAYER_WORDS 112
@@ -150,25 +187,9 @@
 #define KDA_INIT_GIVEN 1
 
 /**
- * `KdaTensor::dtype`: IEEE f32 (`float`), 4-byte aligned.
+ * Size of [`KdaGroups`] in 8-byte words.
  */
-#define KDA_DTYPE_F32 0
-
-/**
- * `KdaTensor::dtype`: bfloat16 stored as `uint16_t`, 2-byte aligned.
- */
-#define KDA_DTYPE_BF16 1
-
-/**
- * `KdaTensor::dtype`: IEEE f16 stored as `uint16_t`, 2-byte aligned.
- */
-#define KDA_DTYPE_F16 2
-
-/**
- * `KdaTensor::dtype`: symmetric int8 (`int8_t`) with f32 scales (`KdaTensor::scales`): one per
- * row (per output feature; per channel for conv weights).
- */
-#define KDA_DTYPE_I8 3
+#define KDA_GROUPS_WORDS 16
 
 /**
  * `KdaTensor::layout`: row-major `[rows, cols]` (PyTorch `[out, in]`).
@@ -352,11 +373,13 @@ typedef struct KdaTensor {
    */
   const void *data;
   /**
-   * Number of elements at `data` (for the panel layout: `kda_panels_len(rows, cols)`).
+   * Number of elements at `data` (for the panel layout: `kda_panels_len(rows, cols)`; for
+   * `KDA_DTYPE_GGUF_BASE + t`: bytes; for `KDA_DTYPE_GROUPS`: `rows · cols`).
    */
   size_t len;
   /**
-   * `KDA_DTYPE_*`.
+   * `KDA_DTYPE_*`: a float or int8 type, or a quantised matrix format
+   * (`KDA_DTYPE_GGUF_BASE + t`, `KDA_DTYPE_GROUPS`).
    */
   uint32_t dtype;
   /**
@@ -637,6 +660,74 @@ typedef struct KdaQuantBuffers {
   uint32_t conv;
 } KdaQuantBuffers;
 
+/**
+ * A checked `pack-quantized` matrix. Opaque, fixed size, caller-owned (like `KdaLayer`): it
+ * holds views of the tensors it was initialised with, which must outlive it, unchanged. A
+ * layer whose descriptor points to it keeps pointing to it: keep it in place while the
+ * layer is used.
+ */
+typedef struct KdaGroups {
+  /**
+   * Opaque.
+   */
+  uint64_t opaque[KDA_GROUPS_WORDS];
+} KdaGroups;
+
+/**
+ * The stored tensors of one compressed-tensors `pack-quantized` matrix `[rows, cols]`
+ * (caller-owned; `kda_groups_init` checks them). Quants are stored as compressed-tensors
+ * stores them: unsigned `u = q + 2^(bits−1)`, packed lowest bits first into 32-bit words,
+ * each row padded to whole words; the weight is `(u − z) · scale` with `z = 2^(bits−1)`
+ * (symmetric) or the stored zero point.
+ */
+typedef struct KdaGroupTensors {
+  /**
+   * `weight_packed`: `rows · ⌈cols · bits / 32⌉` words.
+   */
+  const uint32_t *packed;
+  /**
+   * Words at `packed`.
+   */
+  size_t packed_len;
+  /**
+   * `weight_scale`: `rows · cols / group_size` scales of `scales_dtype`.
+   */
+  const void *scales;
+  /**
+   * Scales at `scales`.
+   */
+  size_t scales_len;
+  /**
+   * `KDA_DTYPE_F32`, `KDA_DTYPE_BF16` or `KDA_DTYPE_F16`.
+   */
+  uint32_t scales_dtype;
+  /**
+   * Bits per quant: 4 or 8.
+   */
+  uint32_t bits;
+  /**
+   * `weight_zero_point` (asymmetric form): `⌈rows · bits / 32⌉ · cols / group_size` words,
+   * packed along the rows; NULL with `zeros_len` 0 for the symmetric form.
+   */
+  const uint32_t *zeros;
+  /**
+   * Words at `zeros`.
+   */
+  size_t zeros_len;
+  /**
+   * Weights per scale along a row (`cols` for one scale per row); must divide `cols`.
+   */
+  size_t group_size;
+  /**
+   * Rows (output features).
+   */
+  size_t rows;
+  /**
+   * Weights per row (input features).
+   */
+  size_t cols;
+} KdaGroupTensors;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -902,6 +993,19 @@ enum KdaStatus kda_quantize_layer(const struct KdaConfig *cfg,
                                   const struct KdaWeights *src,
                                   const struct KdaQuantBuffers *bufs,
                                   struct KdaWeights *out);
+
+/**
+ * Checks the tensors of one `pack-quantized` matrix and stores its view in `*out`, for
+ * `KdaTensor`s of dtype `KDA_DTYPE_GROUPS`. Statuses: `KDA_STATUS_WEIGHTS` (bits not 4 or 8,
+ * a group size that does not divide `cols`, an unknown `scales_dtype`), `KDA_STATUS_LENGTH`
+ * (a tensor of the wrong size), `KDA_STATUS_NULL_POINTER`, `KDA_STATUS_BAD_ALIGNMENT`,
+ * `KDA_STATUS_OVERFLOW`. On failure `*out` is marked uninitialised.
+ *
+ * # Safety
+ * `out`: writable `KdaGroups` storage; `t`: a valid struct whose pointers point to as many
+ * elements as it says, alive and unchanged while `*out` (or a layer using it) is used.
+ */
+enum KdaStatus kda_groups_init(struct KdaGroups *out, const struct KdaGroupTensors *t);
 
 /**
  * A static, NUL-terminated English sentence for a status `code` (any `int`: unknown codes get

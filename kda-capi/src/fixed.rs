@@ -137,10 +137,10 @@ pub unsafe extern "C" fn kda_fixed_init(
         // SAFETY (all): the caller's contract.
         let c = unsafe { config(cfg) }?;
         let w = unsafe { get(weights) }?;
-        let w: kda_core::KdaWeights<'static> = unsafe { w.to_core(&c) }?;
+        let w: kda_core::KdaWeights<'static> = unsafe { w.to_core_dense(&c) }?;
         let mut b = Buffers::new();
         let params: &'static mut [i32] = unsafe { b.slice_mut(params, params_len) }?;
-        crate::layer::check_weights(&b, &w)?;
+        crate::weights::check_weights::<false>(&b, &w)?;
         let range = (params.as_ptr().addr(), core::mem::size_of_val(params));
         let fw = fixed::prepare(&c, &w, params)?;
         // SAFETY: as above.

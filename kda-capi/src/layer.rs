@@ -4,12 +4,12 @@
 use core::ffi::c_char;
 use core::mem::{align_of, size_of};
 
-use kda_core::{Batch, CachesMut, Data, GateWeights, InitialCaches, Serial};
+use kda_core::{Batch, CachesMut, InitialCaches, Serial};
 
 use crate::config::{config, options, KdaConfig, KdaOptions};
 use crate::ffi::{get, out_ptr, put, Buffers, CBuf};
 use crate::status::{guard, KdaStatus, Res};
-use crate::weights::KdaWeights;
+use crate::weights::{check_weights, KdaWeights};
 
 /// Size of [`KdaLayer`] in 8-byte words.
 pub const KDA_LAYER_WORDS: usize = 160;
@@ -213,38 +213,6 @@ pub(crate) unsafe fn layer_of<'a>(layer: *const KdaLayer) -> Res<&'a kda_core::K
     Ok(unsafe { &(*p).layer })
 }
 
-/// Checks that no writable buffer registered in `b` overlaps the layer's weight data.
-pub(crate) fn check_weights(b: &Buffers, w: &kda_core::KdaWeights<'_>) -> Res {
-    let data = |b: &Buffers, d: Data<'_>| match d {
-        Data::F32(s) => b.check_not_written(s),
-        Data::Bf16(s) => b.check_not_written(s),
-        Data::F16(s) => b.check_not_written(s),
-        Data::I8 { data, scales } => {
-            b.check_not_written(data)?;
-            b.check_not_written(scales)
-        }
-    };
-    let gate = |b: &Buffers, g: &GateWeights<'_>| match g {
-        GateWeights::FullRank(m) => data(b, m.data()),
-        GateWeights::LowRank { down, up } => {
-            data(b, down.data())?;
-            data(b, up.data())
-        }
-    };
-    for m in [&w.q_proj, &w.k_proj, &w.v_proj, &w.b_proj, &w.o_proj] {
-        data(b, m.data())?;
-    }
-    gate(b, &w.decay_proj)?;
-    gate(b, &w.output_gate)?;
-    for d in [w.q_conv, w.k_conv, w.v_conv, w.o_norm] {
-        data(b, d)?;
-    }
-    for d in [w.a_log, w.dt_bias].into_iter().flatten() {
-        data(b, d)?;
-    }
-    Ok(())
-}
-
 /// The caches as slices, registered in `b`.
 ///
 /// # Safety
@@ -299,7 +267,7 @@ pub unsafe extern "C" fn kda_forward(
         let out = unsafe { b.slice_mut(bt.out, bt.out_len) }?;
         let c = unsafe { caches_of(&mut b, caches) }?;
         let ws = unsafe { b.slice_mut(workspace, workspace_len) }?;
-        check_weights(&b, l.weights())?;
+        check_weights::<true>(&b, l.weights())?;
         let batch = Batch {
             x,
             cu_seqlens: cu,
@@ -332,7 +300,7 @@ pub unsafe extern "C" fn kda_decode_step(
         let out = unsafe { b.slice_mut(t.out, t.out_len) }?;
         let c = unsafe { caches_of(&mut b, caches) }?;
         let ws = unsafe { b.slice_mut(workspace, workspace_len) }?;
-        check_weights(&b, l.weights())?;
+        check_weights::<true>(&b, l.weights())?;
         Ok(l.decode_step(x, out, c, ws, &Serial)?)
     })
 }

@@ -43,10 +43,12 @@
 
 mod cache;
 mod config;
+mod dtype;
 mod ffi;
 mod fixed;
 mod layer;
 mod quant;
+mod qweights;
 mod status;
 mod weights;
 
@@ -56,6 +58,10 @@ pub use config::{
     kda_decode_workspace_len, kda_options_default, kda_state_len, kda_workspace_len, KdaConfig,
     KdaOptions, KDA_DECAY_LOWER_BOUND, KDA_DECAY_SOFTPLUS, KDA_ISA_AUTO, KDA_ISA_AVX2_FMA,
     KDA_ISA_PORTABLE, KDA_MODE_AUTO, KDA_MODE_CHUNKED, KDA_MODE_RECURRENT,
+};
+pub use dtype::{
+    KDA_DTYPE_BF16, KDA_DTYPE_F16, KDA_DTYPE_F32, KDA_DTYPE_GGUF_BASE, KDA_DTYPE_GROUPS,
+    KDA_DTYPE_I8,
 };
 pub use fixed::{
     kda_fixed_decode_step, kda_fixed_init, kda_fixed_params_len, kda_fixed_workspace_len,
@@ -68,10 +74,10 @@ pub use layer::{
     KDA_INIT_GIVEN, KDA_INIT_ZERO, KDA_LAYER_WORDS,
 };
 pub use quant::{kda_quantize_layer, kda_quantized_len, KdaQuantBuffers};
+pub use qweights::{kda_groups_init, KdaGroupTensors, KdaGroups, KDA_GROUPS_WORDS};
 pub use status::{kda_status_message, KdaStatus};
 pub use weights::{
-    kda_pack_panels, kda_panels_len, KdaTensor, KdaWeights, KDA_DTYPE_BF16, KDA_DTYPE_F16,
-    KDA_DTYPE_F32, KDA_DTYPE_I8, KDA_LAYOUT_PANELS, KDA_LAYOUT_ROWS,
+    kda_pack_panels, kda_panels_len, KdaTensor, KdaWeights, KDA_LAYOUT_PANELS, KDA_LAYOUT_ROWS,
 };
 
 #[cfg(all(feature = "firmware-panic-handler", not(feature = "std"), not(test)))]

@@ -84,13 +84,13 @@ pub unsafe extern "C" fn kda_quantize_layer(
         // SAFETY (all): the caller's contract; pointers are checked by `get` / `Buffers`.
         let c = unsafe { config(cfg) }?;
         let w = unsafe { get(src) }?;
-        let w: kda_core::KdaWeights<'static> = unsafe { w.to_core(&c) }?;
+        let w: kda_core::KdaWeights<'static> = unsafe { w.to_core_dense(&c) }?;
         let qb = unsafe { get(bufs) }?;
         let p = out_ptr(out)?;
         let mut b = Buffers::new();
         let q: &'static mut [i8] = unsafe { b.slice_mut(qb.data, qb.data_len) }?;
         let s: &'static mut [f32] = unsafe { b.slice_mut(qb.scales, qb.scales_len) }?;
-        crate::layer::check_weights(&b, &w)?;
+        crate::weights::check_weights::<false>(&b, &w)?;
         let r = kda_core::quantize_layer(&c, &w, q, s, qb.conv != 0)?;
         let [decay_proj, decay_up] = gate(&r.decay_proj);
         let [gate_proj, gate_up] = gate(&r.output_gate);

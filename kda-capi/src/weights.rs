@@ -5,19 +5,14 @@ use core::ffi::c_void;
 
 use kda_core::{bf16, f16, Data, GateProj, GateWeights, KdaError, MatRef};
 
+use crate::dtype::{
+    KDA_DTYPE_BF16, KDA_DTYPE_F16, KDA_DTYPE_F32, KDA_DTYPE_GGUF_BASE, KDA_DTYPE_GROUPS,
+    KDA_DTYPE_I8,
+};
 use crate::ffi::{weight_slice, Buffers};
+use crate::qweights::{blocks, groups_view};
 use crate::status::{guard, Fail, Res};
 use crate::KdaStatus;
-
-/// `KdaTensor::dtype`: IEEE f32 (`float`), 4-byte aligned.
-pub const KDA_DTYPE_F32: u32 = 0;
-/// `KdaTensor::dtype`: bfloat16 stored as `uint16_t`, 2-byte aligned.
-pub const KDA_DTYPE_BF16: u32 = 1;
-/// `KdaTensor::dtype`: IEEE f16 stored as `uint16_t`, 2-byte aligned.
-pub const KDA_DTYPE_F16: u32 = 2;
-/// `KdaTensor::dtype`: symmetric int8 (`int8_t`) with f32 scales (`KdaTensor::scales`): one per
-/// row (per output feature; per channel for conv weights).
-pub const KDA_DTYPE_I8: u32 = 3;
 
 /// `KdaTensor::layout`: row-major `[rows, cols]` (PyTorch `[out, in]`).
 pub const KDA_LAYOUT_ROWS: u32 = 0;
@@ -37,9 +32,11 @@ pub const KDA_LAYOUT_PANELS: u32 = 1;
 pub struct KdaTensor {
     /// The elements, of type `dtype`, in `layout`.
     pub data: *const c_void,
-    /// Number of elements at `data` (for the panel layout: `kda_panels_len(rows, cols)`).
+    /// Number of elements at `data` (for the panel layout: `kda_panels_len(rows, cols)`; for
+    /// `KDA_DTYPE_GGUF_BASE + t`: bytes; for `KDA_DTYPE_GROUPS`: `rows · cols`).
     pub len: usize,
-    /// `KDA_DTYPE_*`.
+    /// `KDA_DTYPE_*`: a float or int8 type, or a quantised matrix format
+    /// (`KDA_DTYPE_GGUF_BASE + t`, `KDA_DTYPE_GROUPS`).
     pub dtype: u32,
     /// `KDA_LAYOUT_*` (vectors and conv weights: `KDA_LAYOUT_ROWS`).
     pub layout: u32,
@@ -105,6 +102,9 @@ impl KdaTensor {
         if self.data.is_null() {
             return Err(KdaStatus::NullPointer.into());
         }
+        if is_quantised(self.dtype) {
+            return Err(weights_err(name, "quantised formats are for matrices only").into());
+        }
         if self.dtype != KDA_DTYPE_I8 && !(self.scales.is_null() && self.scales_len == 0) {
             return Err(weights_err(name, "scales are for int8 tensors only").into());
         }
@@ -153,11 +153,32 @@ impl KdaTensor {
         unsafe { self.vector(name) }.map(Some)
     }
 
-    /// A matrix `[rows, cols]` in its layout.
+    /// A matrix `[rows, cols]` in its layout; the quantised formats only when `Q` (a const,
+    /// so that builds whose entry points never accept them do not link their decoders).
     ///
     /// # Safety
     /// As [`KdaTensor::data`].
-    unsafe fn matrix<'a>(&self, name: &'static str, rows: usize, cols: usize) -> Res<MatRef<'a>> {
+    unsafe fn matrix<'a, const Q: bool>(
+        &self,
+        name: &'static str,
+        rows: usize,
+        cols: usize,
+    ) -> Res<MatRef<'a>> {
+        if is_quantised(self.dtype) {
+            if !Q {
+                return Err(weights_err(
+                    name,
+                    "quantised matrices are for the float path (kda_layer_init) only",
+                )
+                .into());
+            }
+            if self.layout != KDA_LAYOUT_ROWS {
+                return Err(weights_err(name, "quantised matrices are row-major").into());
+            }
+            // SAFETY: forwarded contract.
+            let d = unsafe { quantised(self, name, rows, cols) }?;
+            return Ok(MatRef::new(name, d, rows, cols)?);
+        }
         // SAFETY: forwarded contract.
         let d = unsafe { self.data(name) }?;
         Ok(match self.layout {
@@ -172,7 +193,7 @@ impl KdaTensor {
 ///
 /// # Safety
 /// As [`KdaTensor::data`], for both.
-unsafe fn gate<'a>(
+unsafe fn gate<'a, const Q: bool>(
     form: GateProj,
     [first, up]: [&KdaTensor; 2],
     names: [&'static str; 3],
@@ -185,11 +206,11 @@ unsafe fn gate<'a>(
             if !up.is_absent() {
                 return Err(weights_err(names[2], "given for a full-rank (rank 0) gate").into());
             }
-            GateWeights::FullRank(unsafe { first.matrix(names[0], d, hidden) }?)
+            GateWeights::FullRank(unsafe { first.matrix::<Q>(names[0], d, hidden) }?)
         }
         GateProj::LowRank { rank } => GateWeights::LowRank {
-            down: unsafe { first.matrix(names[1], rank, hidden) }?,
-            up: unsafe { up.matrix(names[2], d, rank) }?,
+            down: unsafe { first.matrix::<Q>(names[1], rank, hidden) }?,
+            up: unsafe { up.matrix::<Q>(names[2], d, rank) }?,
         },
     })
 }
@@ -204,27 +225,50 @@ impl KdaWeights {
         self,
         cfg: &kda_core::KdaConfig,
     ) -> Res<kda_core::KdaWeights<'a>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.views::<true>(cfg) }
+    }
+
+    /// [`KdaWeights::to_core`] refusing the quantised matrix formats (the integer path and
+    /// the int8 quantiser read dense matrices only).
+    ///
+    /// # Safety
+    /// As [`KdaWeights::to_core`].
+    pub(crate) unsafe fn to_core_dense<'a>(
+        self,
+        cfg: &kda_core::KdaConfig,
+    ) -> Res<kda_core::KdaWeights<'a>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.views::<false>(cfg) }
+    }
+
+    /// # Safety
+    /// As [`KdaWeights::to_core`].
+    unsafe fn views<'a, const Q: bool>(
+        self,
+        cfg: &kda_core::KdaConfig,
+    ) -> Res<kda_core::KdaWeights<'a>> {
         let (hd, d, h) = (cfg.hidden, cfg.proj_dim(), cfg.heads);
         // SAFETY (every call): forwarded contract.
         let w = unsafe {
             kda_core::KdaWeights {
-                q_proj: self.q_proj.matrix("q_proj.weight", d, hd)?,
-                k_proj: self.k_proj.matrix("k_proj.weight", d, hd)?,
-                v_proj: self.v_proj.matrix("v_proj.weight", d, hd)?,
+                q_proj: self.q_proj.matrix::<Q>("q_proj.weight", d, hd)?,
+                k_proj: self.k_proj.matrix::<Q>("k_proj.weight", d, hd)?,
+                v_proj: self.v_proj.matrix::<Q>("v_proj.weight", d, hd)?,
                 q_conv: self.q_conv.vector("q_conv1d.weight")?,
                 k_conv: self.k_conv.vector("k_conv1d.weight")?,
                 v_conv: self.v_conv.vector("v_conv1d.weight")?,
                 a_log: self.a_log.optional("A_log")?,
                 dt_bias: self.dt_bias.optional("dt_bias")?,
-                decay_proj: gate(
+                decay_proj: gate::<Q>(
                     cfg.decay_proj,
                     [&self.decay_proj, &self.decay_up],
                     ["f_proj.weight", "f_a_proj.weight", "f_b_proj.weight"],
                     hd,
                     d,
                 )?,
-                b_proj: self.b_proj.matrix("b_proj.weight", h, hd)?,
-                output_gate: gate(
+                b_proj: self.b_proj.matrix::<Q>("b_proj.weight", h, hd)?,
+                output_gate: gate::<Q>(
                     cfg.output_gate,
                     [&self.gate_proj, &self.gate_up],
                     ["g_proj.weight", "g_a_proj.weight", "g_b_proj.weight"],
@@ -232,12 +276,109 @@ impl KdaWeights {
                     d,
                 )?,
                 o_norm: self.o_norm.vector("o_norm.weight")?,
-                o_proj: self.o_proj.matrix("o_proj.weight", hd, d)?,
+                o_proj: self.o_proj.matrix::<Q>("o_proj.weight", hd, d)?,
             }
         };
         w.validate(cfg)?;
         Ok(w)
     }
+}
+
+/// Whether `dtype` is one of the quantised matrix formats.
+fn is_quantised(dtype: u32) -> bool {
+    dtype == KDA_DTYPE_GROUPS || dtype >= KDA_DTYPE_GGUF_BASE
+}
+
+/// The view of a quantised matrix descriptor `[rows, cols]`.
+///
+/// # Safety
+/// `t.data` points to the blocks (`t.len` bytes) or to an initialised
+/// [`crate::qweights::KdaGroups`], alive and unchanged for `'a`.
+unsafe fn quantised<'a>(
+    t: &KdaTensor,
+    name: &'static str,
+    rows: usize,
+    cols: usize,
+) -> Res<Data<'a>> {
+    if !t.scales.is_null() || t.scales_len != 0 {
+        return Err(weights_err(
+            name,
+            "quantised formats carry their scales inside (scales must be NULL)",
+        )
+        .into());
+    }
+    let elems = rows
+        .checked_mul(cols)
+        .ok_or(Fail::from(KdaStatus::Overflow))?;
+    if t.dtype == KDA_DTYPE_GROUPS {
+        // SAFETY: the caller's contract.
+        let g = unsafe { groups_view(t.data) }?;
+        if g.rows() != rows || g.cols() != cols || t.len != elems {
+            return Err(KdaError::Length {
+                arg: name,
+                expected: elems,
+                actual: g.rows().saturating_mul(g.cols()),
+            }
+            .into());
+        }
+        return Ok(Data::Groups(g.all_rows()));
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        blocks(
+            t.data,
+            t.len,
+            t.dtype.wrapping_sub(KDA_DTYPE_GGUF_BASE),
+            name,
+            elems,
+        )
+    }
+}
+
+/// Checks that no writable buffer registered in `b` overlaps the layer's weight data; the
+/// group-quantised matrices' tensors too when `Q` (views from [`KdaWeights::to_core_dense`]
+/// have none, and the integer firmware then links no code for them).
+pub(crate) fn check_weights<const Q: bool>(b: &Buffers, w: &kda_core::KdaWeights<'_>) -> Res {
+    let data = |b: &Buffers, d: Data<'_>| match d {
+        Data::F32(s) => b.check_not_written(s),
+        Data::Bf16(s) => b.check_not_written(s),
+        Data::F16(s) => b.check_not_written(s),
+        Data::I8 { data, scales } => {
+            b.check_not_written(data)?;
+            b.check_not_written(scales)
+        }
+        Data::Blocks(q) => b.check_not_written(q.bytes()),
+        Data::Groups(_) if !Q => Ok(()),
+        Data::Groups(g) => {
+            let m = g.matrix();
+            b.check_not_written(m.packed())?;
+            b.check_not_written(m.zeros().unwrap_or(&[]))?;
+            match m.scales() {
+                kda_core::quant::Scales::F32(s) => b.check_not_written(s),
+                kda_core::quant::Scales::Bf16(s) => b.check_not_written(s),
+                kda_core::quant::Scales::F16(s) => b.check_not_written(s),
+            }
+        }
+    };
+    let gate = |b: &Buffers, g: &GateWeights<'_>| match g {
+        GateWeights::FullRank(m) => data(b, m.data()),
+        GateWeights::LowRank { down, up } => {
+            data(b, down.data())?;
+            data(b, up.data())
+        }
+    };
+    for m in [&w.q_proj, &w.k_proj, &w.v_proj, &w.b_proj, &w.o_proj] {
+        data(b, m.data())?;
+    }
+    gate(b, &w.decay_proj)?;
+    gate(b, &w.output_gate)?;
+    for d in [w.q_conv, w.k_conv, w.v_conv, w.o_norm] {
+        data(b, d)?;
+    }
+    for d in [w.a_log, w.dt_bias].into_iter().flatten() {
+        data(b, d)?;
+    }
+    Ok(())
 }
 
 /// A descriptor viewing `d` (row-major).
@@ -271,6 +412,11 @@ pub(crate) fn tensor_of(d: Data<'_>) -> KdaTensor {
             scales.as_ptr(),
             scales.len(),
         ),
+        // Only the int8 quantiser's outputs are described back to C (`kda_quantize_layer`):
+        // they are never block or group formats.
+        Data::Blocks(_) | Data::Groups(_) => {
+            (core::ptr::null(), 0, KDA_DTYPE_F32, core::ptr::null(), 0)
+        }
     };
     KdaTensor {
         data,

@@ -7,8 +7,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kda_core::internals::{
-    project_scratch_len, project_tile, project_tile_pairs, round_pairs_row, DECODE_LD,
-    PROJECT_SCRATCH,
+    project_scratch_len, project_tile, project_tile_pairs, round_pairs_row, Tile, TileRows,
+    DECODE_LD, PROJECT_SCRATCH,
 };
 use kda_core::{bf16, Data, Isa, MatRef};
 
@@ -28,19 +28,15 @@ fn run(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32], scratch_len: usize)
         let mut scratch = vec![0.0f32; scratch_len];
         // Tiles of 64 rows, as the layer hands them to its workers in prefill.
         for o0 in (0..N_OUT).step_by(64) {
-            project_tile(
-                isa,
-                &row,
-                BLOCK,
-                w,
-                o0,
-                o0 + 64,
-                &mut scratch,
-                &mut |t, o, v| {
-                    blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);
-                    Ok(())
-                },
-            )
+            let x = TileRows {
+                row: &row,
+                tokens: BLOCK,
+            };
+            let tile = Tile { w, o0, o1: o0 + 64 };
+            project_tile(isa, x, tile, &mut scratch, &mut |t, o, v| {
+                blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);
+                Ok(())
+            })
             .unwrap();
         }
     }
@@ -54,19 +50,15 @@ fn run_pairs(isa: Isa, pairs: &[u32], w: &MatRef<'_>, out: &mut [f32], scratch_l
         let blk = &mut out[b * N_OUT..(b + BLOCK) * N_OUT];
         let mut scratch = vec![0.0f32; scratch_len];
         for o0 in (0..N_OUT).step_by(64) {
-            project_tile_pairs(
-                isa,
-                &row,
-                BLOCK,
-                w,
-                o0,
-                o0 + 64,
-                &mut scratch,
-                &mut |t, o, v| {
-                    blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);
-                    Ok(())
-                },
-            )
+            let x = TileRows {
+                row: &row,
+                tokens: BLOCK,
+            };
+            let tile = Tile { w, o0, o1: o0 + 64 };
+            project_tile_pairs(isa, x, tile, &mut scratch, &mut |t, o, v| {
+                blk[t * N_OUT + o..t * N_OUT + o + v.len()].copy_from_slice(v);
+                Ok(())
+            })
             .unwrap();
         }
     }
@@ -187,19 +179,19 @@ fn decode_token(isa: Isa, x: &[f32], m: &MatRef<'_>, out: &mut [f32]) {
     let row = |_: usize| x;
     let mut scratch = [0.0f32; 384];
     for o0 in (0..m.rows()).step_by(DECODE_LD) {
-        project_tile(
-            isa,
-            &row,
-            1,
-            m,
+        let x = TileRows {
+            row: &row,
+            tokens: 1,
+        };
+        let tile = Tile {
+            w: m,
             o0,
-            (o0 + DECODE_LD).min(m.rows()),
-            &mut scratch,
-            &mut |_, o, v| {
-                out[o..o + v.len()].copy_from_slice(v);
-                Ok(())
-            },
-        )
+            o1: (o0 + DECODE_LD).min(m.rows()),
+        };
+        project_tile(isa, x, tile, &mut scratch, &mut |_, o, v| {
+            out[o..o + v.len()].copy_from_slice(v);
+            Ok(())
+        })
         .unwrap();
     }
 }

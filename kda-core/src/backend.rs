@@ -42,8 +42,7 @@ pub trait KdaBackend {
 
     /// Sequence forward over packed sequences (see [`KdaLayer::forward`] for the contract).
     /// `cfg` must be the configuration the weights were loaded for.
-    // Eight arguments: one layer call with the backend's own buffer types, which a struct of
-    // generic associated types would only rename.
+    // KdaLayer::forward's arguments in each backend's own buffer types (the trait's contract).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &mut self,

@@ -3,6 +3,74 @@
 //! Kimi Delta Attention — the gated delta-rule linear attention of Kimi Linear and Kimi K3 —
 //! as a `no_std`, allocation-free layer over caller-provided slices.
 //!
+//! ```
+//! use kda_core::*;
+//!
+//! // A small Kimi K3 layer: hidden 8, 2 heads of dim 4.
+//! let cfg = KdaConfig::kimi_k3(8, 2, 4);
+//! let (hd, d, h, k, w) = (cfg.hidden, cfg.proj_dim(), cfg.heads, cfg.head_dim, cfg.conv_width);
+//!
+//! // f32 weights borrowed from one caller-owned buffer of deterministic values (real ones
+//! // come from a checkpoint: f32, bf16 or f16, `[out, in]` row-major).
+//! let pool: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 100.0).collect();
+//! let data = |at: usize, n: usize| Data::F32(&pool[at..at + n]);
+//! let mat = |at: usize, r: usize, c: usize| MatRef::new("w", data(at, r * c), r, c);
+//! let weights = KdaWeights {
+//!     q_proj: mat(0, d, hd)?,
+//!     k_proj: mat(64, d, hd)?,
+//!     v_proj: mat(128, d, hd)?,
+//!     q_conv: data(192, d * w),
+//!     k_conv: data(224, d * w),
+//!     v_conv: data(256, d * w),
+//!     a_log: Some(data(288, h)),
+//!     dt_bias: None,
+//!     decay_proj: GateWeights::LowRank { down: mat(290, k, hd)?, up: mat(322, d, k)? },
+//!     b_proj: mat(354, h, hd)?,
+//!     output_gate: GateWeights::FullRank(mat(370, d, hd)?),
+//!     o_norm: data(434, k),
+//!     o_proj: mat(438, hd, d)?,
+//! };
+//! // Checked once: config, weight shapes, options. Decode always runs recurrent; a recurrent
+//! // prefill gives it the same arithmetic.
+//! let layer = KdaLayer::new(&cfg, weights, ForwardOptions::recurrent())?;
+//!
+//! // One sequence's caches (the recurrent state, the q/k/v conv states), sized by the config.
+//! let (s, c) = (cfg.state_len()?, cfg.conv_state_len()?);
+//! let fresh = [vec![0.0f32; s], vec![0.0; c], vec![0.0; c], vec![0.0; c]];
+//! fn caches(c: &mut [Vec<f32>; 4]) -> CachesMut<'_> {
+//!     let [recurrent, conv_q, conv_k, conv_v] = c;
+//!     CachesMut { recurrent, conv_q, conv_k, conv_v }
+//! }
+//!
+//! // T + 1 = 5 tokens, `[T + 1, hidden]` rows.
+//! let t = 4;
+//! let x: Vec<f32> = (0..(t + 1) * hd).map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0).collect();
+//! // The core says how much workspace a call needs (any amount from one token's worth works,
+//! // in more blocks).
+//! let mut ws = vec![0.0f32; layer.workspace_len(t + 1, 1)?];
+//!
+//! // All T + 1 tokens in one forward.
+//! let (mut whole_caches, mut whole) = (fresh.clone(), vec![0.0f32; (t + 1) * hd]);
+//! let batch = Batch { x: &x, cu_seqlens: &[0, t + 1], out: &mut whole };
+//! layer.forward(batch, caches(&mut whole_caches), InitialCaches::Zero, &mut ws, &Serial)?;
+//!
+//! // A prefill of T tokens, then one decode step for the last.
+//! let (mut step_caches, mut out) = (fresh.clone(), vec![0.0f32; (t + 1) * hd]);
+//! let (prompt_out, next_out) = out.split_at_mut(t * hd);
+//! let batch = Batch { x: &x[..t * hd], cu_seqlens: &[0, t], out: prompt_out };
+//! layer.forward(batch, caches(&mut step_caches), InitialCaches::Zero, &mut ws, &Serial)?;
+//! let mut decode_ws = vec![0.0f32; layer.decode_workspace_len(1, 1)?];
+//! let next = &x[t * hd..];
+//! layer.decode_step(next, next_out, caches(&mut step_caches), &mut decode_ws, &Serial)?;
+//!
+//! // The decode step continues the prefill exactly: the same outputs and caches, bit for bit.
+//! let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+//! assert!(whole.iter().all(|v| v.is_finite()) && whole.iter().any(|&v| v != 0.0));
+//! assert_eq!(bits(&out), bits(&whole));
+//! assert_eq!(bits(&step_caches.concat()), bits(&whole_caches.concat()));
+//! # Ok::<(), KdaError>(())
+//! ```
+//!
 //! * [`KdaConfig`] fixes the shapes and gate forms; [`KdaWeights`] borrows the checkpoint's
 //!   tensors (f32, bf16 or f16, `[out, in]` row-major).
 //! * The caller owns every buffer and asks the core how big each must be:
@@ -15,39 +83,10 @@
 //!   calls are behind the [`KdaBackend`] trait.
 //! * The components are public functions in [`ops`], each tested against the reference: the
 //!   gate in `ops/gate.rs`, the conv in `ops/conv.rs`, the recurrence in `ops/recurrent.rs`,
-//!   the chunked kernel in `ops/chunked.rs`, the norms in `ops/norm.rs`; the SIMD inner loops
+//!   the chunked kernel in `ops/chunked/`, the norms in `ops/norm.rs`; the SIMD inner loops
 //!   live in the private `simd/`.
 //!
 //! Errors are values ([`KdaError`]), never panics. NaN or ±∞ in inputs propagate to outputs.
-//!
-//! ```
-//! use kda_core::*;
-//! let cfg = KdaConfig::kimi_k3(8, 1, 4);
-//! // Tiny all-f32 weights, every one 0.1 (real ones come from a checkpoint).
-//! let (hd, d, k, w) = (cfg.hidden, cfg.proj_dim(), cfg.head_dim, cfg.conv_width);
-//! let big = [0.1f32; 64];
-//! let m = |r, c| MatRef::new("w", Data::F32(&big[..r * c]), r, c).unwrap();
-//! let weights = KdaWeights {
-//!     q_proj: m(d, hd), k_proj: m(d, hd), v_proj: m(d, hd),
-//!     q_conv: Data::F32(&big[..d * w]), k_conv: Data::F32(&big[..d * w]),
-//!     v_conv: Data::F32(&big[..d * w]),
-//!     a_log: Some(Data::F32(&big[..1])), dt_bias: None,
-//!     decay_proj: GateWeights::LowRank { down: m(k, hd), up: m(d, k) },
-//!     b_proj: m(1, hd), output_gate: GateWeights::FullRank(m(d, hd)),
-//!     o_norm: Data::F32(&big[..k]), o_proj: m(hd, d),
-//! };
-//! let mut state = [0.0f32; 16];
-//! let (mut cq, mut ck, mut cv) = ([0.0f32; 12], [0.0f32; 12], [0.0f32; 12]);
-//! let caches = CachesMut { recurrent: &mut state, conv_q: &mut cq, conv_k: &mut ck, conv_v: &mut cv };
-//! // The core says how much workspace it needs; any amount from 1 token's worth works.
-//! let layer = KdaLayer::new(&cfg, weights, ForwardOptions::default()).unwrap();
-//! let mut ws = vec![0.0f32; layer.workspace_len(3, 1).unwrap()];
-//! let x = [0.5f32; 3 * 8];
-//! let mut out = [0.0f32; 3 * 8];
-//! let batch = Batch { x: &x, cu_seqlens: &[0, 3], out: &mut out };
-//! layer.forward(batch, caches, InitialCaches::Zero, &mut ws, &Serial).unwrap();
-//! assert!(out.iter().all(|v| v.is_finite()));
-//! ```
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
@@ -94,7 +133,7 @@ pub use weights::{pack_panels, panels_len, Data, GateWeights, KdaWeights, MatRef
 #[doc(hidden)]
 pub mod internals {
     pub use crate::ops::linear::{
-        project_scratch_len, project_tile, project_tile_pairs, PROJECT_SCRATCH,
+        project_scratch_len, project_tile, project_tile_pairs, Tile, TileRows, PROJECT_SCRATCH,
     };
     pub use crate::simd::{DECODE_LD, DECODE_PANELS};
 
@@ -149,3 +188,8 @@ pub mod internals {
 
 /// Re-export of the `half` crate's float types used by [`Data`].
 pub use half::{bf16, f16};
+
+/// The README's Rust examples, run as doctests so the published page stays correct.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

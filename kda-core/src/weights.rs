@@ -2,12 +2,15 @@
 //!
 //! Nothing here copies: the views borrow the caller's bytes (a memory-mapped checkpoint, a
 //! `const` array in flash). Matrices and small parameters may be f32, bf16, f16 or int8 with
-//! per-row scales ([`Data::I8`], see [`crate::quant`]); every product accumulates in f32.
+//! per-row scales ([`Data::I8`], see [`crate::quant`]); matrices may also be GGUF blocks
+//! ([`Data::Blocks`]) or compressed-tensors groups ([`Data::Groups`]). Every product
+//! accumulates in f32.
 
 use half::{bf16, f16};
 
 use crate::config::{DecayGate, GateProj, KdaConfig};
 use crate::error::{check_len, KdaError};
+use crate::quant::{Blocks, GroupRows};
 
 /// A borrowed run of numbers in one of the supported storage formats.
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +32,11 @@ pub enum Data<'a> {
         /// One scale per row.
         scales: &'a [f32],
     },
+    /// GGUF block-quantised weights (Q4_0 … Q6_K), as stored: a matrix row is a whole number of
+    /// blocks. For matrices only.
+    Blocks(Blocks<'a>),
+    /// compressed-tensors `pack-quantized` int4 / int8 groups, as stored. For matrices only.
+    Groups(GroupRows<'a>),
 }
 
 impl<'a> Data<'a> {
@@ -41,7 +49,15 @@ impl<'a> Data<'a> {
             Data::I8 { data, scales } => {
                 i8_row_len(data.len(), scales.len()).map_or(0, |_| data.len())
             }
+            Data::Blocks(b) => b.len(),
+            Data::Groups(g) => g.len(),
         }
+    }
+
+    /// Whether this is one of the quantised matrix formats ([`Data::Blocks`], [`Data::Groups`]),
+    /// which the small parameters (convs, gates' biases, norms) may not use.
+    pub fn is_block_quantised(&self) -> bool {
+        matches!(self, Data::Blocks(_) | Data::Groups(_))
     }
 
     /// True when there are no elements.
@@ -53,6 +69,18 @@ impl<'a> Data<'a> {
     #[inline]
     pub fn get(&self, i: usize) -> Option<f32> {
         match self {
+            Data::Blocks(b) => b.get(i),
+            Data::Groups(g) => g.get(i),
+            _ => self.get_dense(i),
+        }
+    }
+
+    /// Element `i` of a dense format (f32, bf16, f16, int8 rows) widened to f32; `None` out of
+    /// range or for block and group formats. For code that has already refused quantised
+    /// formats (small parameter vectors, the integer path): it does not link the block
+    /// decoders, which keeps a microcontroller build small.
+    pub(crate) fn get_dense(&self, i: usize) -> Option<f32> {
+        match self {
             Data::F32(s) => s.get(i).copied(),
             Data::Bf16(s) => s.get(i).map(|v| v.to_f32()),
             Data::F16(s) => s.get(i).map(|v| v.to_f32()),
@@ -60,6 +88,7 @@ impl<'a> Data<'a> {
                 let r = i8_row_len(data.len(), scales.len())?;
                 Some(*data.get(i)? as f32 * scales[i / r])
             }
+            Data::Blocks(_) | Data::Groups(_) => None,
         }
     }
 
@@ -79,6 +108,8 @@ impl<'a> Data<'a> {
                 };
                 data[i] as f32 * s
             }
+            Data::Blocks(b) => b.get(i).unwrap_or(f32::NAN),
+            Data::Groups(g) => g.get(i).unwrap_or(f32::NAN),
         }
     }
 
@@ -90,6 +121,20 @@ impl<'a> Data<'a> {
             Data::Bf16(s) => Data::Bf16(&s[start..start + len]),
             Data::F16(s) => Data::F16(&s[start..start + len]),
             Data::I8 { data, scales } => slice_i8(data, scales, start, len),
+            Data::Blocks(b) => match b.slice(start, len) {
+                Some(v) => Data::Blocks(v),
+                None => {
+                    debug_assert!(false, "block-quantised slice off the block grid");
+                    Data::F32(&[])
+                }
+            },
+            Data::Groups(g) => match g.slice(start, len) {
+                Some(v) => Data::Groups(v),
+                None => {
+                    debug_assert!(false, "group-quantised slice off the row grid");
+                    Data::F32(&[])
+                }
+            },
         }
     }
 }
@@ -167,6 +212,22 @@ impl<'a> MatRef<'a> {
             .checked_mul(cols)
             .ok_or(KdaError::Overflow { what: name })?;
         check_len(name, data.len(), n)?;
+        match data {
+            Data::Blocks(b) if !cols.is_multiple_of(b.format().block_elems()) => {
+                return Err(KdaError::Weights {
+                    arg: name,
+                    reason: "a block-quantised matrix's rows must be whole blocks",
+                })
+            }
+            Data::Groups(g) if g.cols() != cols || g.rows() != rows => {
+                return Err(KdaError::Shape {
+                    arg: name,
+                    expected: [rows, cols],
+                    actual: [g.rows(), g.cols()],
+                })
+            }
+            _ => {}
+        }
         Ok(MatRef {
             data,
             rows,
@@ -340,6 +401,7 @@ impl KdaWeights<'_> {
         let conv = d.checked_mul(w).ok_or(KdaError::Overflow {
             what: "conv weight",
         })?;
+        self.small_params_plain()?;
         check_len("q_conv1d.weight", self.q_conv.len(), conv)?;
         check_len("k_conv1d.weight", self.k_conv.len(), conv)?;
         check_len("v_conv1d.weight", self.v_conv.len(), conv)?;
@@ -371,6 +433,30 @@ impl KdaWeights<'_> {
         )?;
         check_len("o_norm.weight", self.o_norm.len(), k)?;
         self.o_proj.check_shape("o_proj.weight", hd, d)?;
+        Ok(())
+    }
+}
+
+impl KdaWeights<'_> {
+    /// The convs, `A_log`, `dt_bias` and `o_norm` are f32, bf16, f16 or int8: the block and
+    /// group formats are for matrices.
+    fn small_params_plain(&self) -> Result<(), KdaError> {
+        let small = [
+            ("q_conv1d.weight", Some(self.q_conv)),
+            ("k_conv1d.weight", Some(self.k_conv)),
+            ("v_conv1d.weight", Some(self.v_conv)),
+            ("A_log", self.a_log),
+            ("dt_bias", self.dt_bias),
+            ("o_norm.weight", Some(self.o_norm)),
+        ];
+        for (arg, d) in small {
+            if d.is_some_and(|d| d.is_block_quantised()) {
+                return Err(KdaError::Weights {
+                    arg,
+                    reason: "block- and group-quantised formats are for matrices only",
+                });
+            }
+        }
         Ok(())
     }
 }

@@ -208,7 +208,6 @@ where
     Ok(t0.elapsed().as_secs_f64() * 1e3 / iters as f64)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn prefill(
     be: &mut CudaBackend,
     rows: &mut Vec<Row>,

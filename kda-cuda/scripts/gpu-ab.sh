@@ -1,15 +1,14 @@
 #!/bin/bash
-# One device call that checks a kernel change and times it against a base build.
+# One run on a GPU machine that checks a kernel change and times it against a base build.
 #
-# Prepare, on a machine with Rust, in the checkout the device tool sends (the change checked out):
+# Prepare, on a machine with Rust, in the checkout to be sent to the GPU machine (the change checked out):
 #   kda-cuda/scripts/gpu-ab.sh --prepare BASE_REF [PYTHON]
 # builds this checkout's prebuilt check into target/gpu-prebuilt, BASE_REF's bench (in a temporary
 # git worktree) into .whl/bench-base, and copies fla-core's `fla` package from PYTHON's
 # site-packages (a venv with fla-core 0.6.0, e.g. ~/.cache/kda-py/venv-*/bin/python) into
 # .whl/site/fla for fla's kernels beside ours. `.whl/` must be ignored (.git/info/exclude).
-# Run (device tool):
-#   run(command="OUT=$OUT bash kda-cuda/scripts/gpu-ab.sh", carry=["target/gpu-prebuilt", ".whl"],
-#       timeout_s=480)
+# Run, on the GPU machine, in that checkout with target/gpu-prebuilt and .whl copied along (allow 480 s):
+#   OUT=LOGDIR bash kda-cuda/scripts/gpu-ab.sh
 # Prints the check's steps and speed rows, the chunked rows at chunk 32 and 16, per-kernel times
 # (ncu, gpu__time_duration) for this build and the base into $OUT/ncu_{new,base}.csv, and fla's
 # fused_recurrent_kda decode on the same GPU, then builds and runs scripts/mma_probe.cu with the
@@ -29,14 +28,14 @@ if [ "${1:-}" = --prepare ]; then
     git worktree remove --force "$wt"
     mkdir -p .whl
     cp target/gpu-ab-base/release/examples/bench .whl/bench-base
-    strip .whl/bench-base 2> /dev/null || true  # debug info would take most of the 64 MiB carry
+    strip .whl/bench-base 2> /dev/null || true  # debug info would take most of a 64 MiB copy
     if [ -n "${3:-}" ]; then
         site=$("$3" -c 'import fla, os; print(os.path.dirname(os.path.dirname(fla.__file__)))')
         rm -rf .whl/site && mkdir -p .whl/site && cp -r "$site/fla" .whl/site/
         find .whl/site -name __pycache__ -prune -exec rm -rf {} +
     fi
     du -sh target/gpu-prebuilt .whl
-    echo 'next: run(command="OUT=$OUT bash kda-cuda/scripts/gpu-ab.sh", carry=["target/gpu-prebuilt", ".whl"], timeout_s=480)'
+    echo 'next: copy the checkout with target/gpu-prebuilt and .whl to the GPU machine and run OUT=LOGDIR bash kda-cuda/scripts/gpu-ab.sh there (allow 480 s)'
     exit 0
 fi
 OUT=${OUT:-/tmp/gpu-ab}

@@ -5,8 +5,8 @@
 use cudarc::driver::CudaSlice;
 use kda_core::{bf16, CachesMut, KdaConfig, KdaError};
 
-use crate::backend::CudaBackend;
 use crate::error::CudaError;
+use crate::handle::CudaBackend;
 use crate::plan::Dtype;
 
 /// Allocation length for `len` logical elements (never 0: cudarc/CUDA want a real allocation).

@@ -6,11 +6,11 @@
 //! tests and tools, not for serving (keep [`DeviceWeights`], [`DeviceCaches`] and a
 //! [`DeviceWorkspace`] on the device and call [`kda_core::KdaBackend`] directly for that).
 
-use kda_core::{CachesMut, InitialCaches, KdaBackend, KdaConfig, KdaWeights};
+use kda_core::{Batch, CachesMut, InitialCaches, KdaBackend, KdaConfig, KdaWeights};
 
-use crate::backend::CudaBackend;
 use crate::buffers::{DeviceCaches, DeviceRows, DeviceWorkspace};
 use crate::error::CudaError;
+use crate::handle::CudaBackend;
 use crate::plan::{self, Dtype};
 use crate::weights::{DeviceWeights, WeightFormat};
 
@@ -45,44 +45,31 @@ pub fn conformance_backend() -> Result<CudaBackend, CudaError> {
 
 impl CudaBackend {
     /// [`kda_core::KdaLayer::forward`]'s contract on the GPU, from and to host memory, in
-    /// [`HostFormats::F32`]: `x`, `out` `[T, hidden]`, `cu_seqlens` `[N+1]`, `caches` the N
-    /// sequences' caches (read when `init` is `Given`, always left holding the final caches).
-    #[allow(clippy::too_many_arguments)]
+    /// [`HostFormats::F32`]: `batch` as the CPU layer takes it (`x`, `out` `[T, hidden]`,
+    /// `cu_seqlens` `[N+1]`), `caches` the N sequences' caches (read when `init` is `Given`,
+    /// always left holding the final caches).
     pub fn forward_host(
         &mut self,
         cfg: &KdaConfig,
         weights: &KdaWeights<'_>,
-        x: &[f32],
-        cu_seqlens: &[usize],
+        batch: Batch<'_>,
         caches: CachesMut<'_>,
         init: InitialCaches,
-        out: &mut [f32],
     ) -> Result<(), CudaError> {
-        self.forward_host_with(
-            cfg,
-            weights,
-            x,
-            cu_seqlens,
-            caches,
-            init,
-            out,
-            HostFormats::F32,
-        )
+        self.forward_host_with(cfg, weights, batch, caches, init, HostFormats::F32)
     }
 
     /// [`CudaBackend::forward_host`] with chosen device formats.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_host_with(
         &mut self,
         cfg: &KdaConfig,
         weights: &KdaWeights<'_>,
-        x: &[f32],
-        cu_seqlens: &[usize],
+        batch: Batch<'_>,
         mut caches: CachesMut<'_>,
         init: InitialCaches,
-        out: &mut [f32],
         formats: HostFormats,
     ) -> Result<(), CudaError> {
+        let Batch { x, cu_seqlens, out } = batch;
         weights.validate(cfg)?;
         let shape = plan::forward_shape(cfg, x.len(), out.len(), cu_seqlens)?;
         let (t, n) = (shape.tokens, shape.seqs);

@@ -10,8 +10,8 @@
 //!   outputs and all caches, chunk-size independence, device-resident prefill → decode through
 //!   [`kda_core::KdaBackend`], argument errors), and every fla fixture ran on the device: worst
 //!   rel-RMS 7.4e-7 against fla and against the CPU backend. Speed (the table is in
-//!   `PERFORMANCE.md`, nineteenth session): prefill T = 8192, H = 96, K = 128 in 38.8 ms for the
-//!   delta-rule core against fla's `chunk_kda` at 3.17 ms on the same GPU; decode at 52 %
+//!   `PERFORMANCE.md`, 2026-12-04, H200, ea86e6e): prefill T = 8192, H = 96, K = 128 in
+//!   38.8 ms for the delta-rule core against fla's `chunk_kda` at 3.17 ms on the same GPU; decode at 52 %
 //!   (batch 1) and 39 % (batch 64) of the HBM datasheet bandwidth for the state and weight bytes.
 //! * **Compile-checked in CI for sm_80, sm_90 and sm_100.** CI compiles every kernel source with
 //!   NVRTC 12.8 for `sm_80` and `sm_90` and with NVRTC 13.0 for `sm_90` and `sm_100` (both from
@@ -44,9 +44,10 @@
 //! | `params.rs` | `#[repr(C)]` kernel parameter structs, layout-checked against the sources |
 //! | `plan.rs` | pure planning: dims, limits, launch shapes, shared memory, chunk table, workspace |
 //! | `gemm.rs` | projections through cuBLAS (`cublasGemmEx`, f32 accumulation) |
+//! | `handle.rs` | [`CudaBackend`] itself: the opened device and the options (what buffers and weights are made through) |
 //! | `buffers.rs` | [`DeviceRows`], [`DeviceCaches`], [`DeviceWorkspace`] and host↔device copies |
 //! | `weights.rs` | [`DeviceWeights`]: upload from [`kda_core::KdaWeights`] |
-//! | `backend.rs` | [`CudaBackend`] and its [`kda_core::KdaBackend`] impl: the layer pipeline |
+//! | `backend.rs` | [`CudaBackend`]'s calls and its [`kda_core::KdaBackend`] impl: the layer pipeline |
 //! | `host.rs` | host-slice helpers and [`conformance_backend`] for the shared test suite |
 //!
 //! # The kernels
@@ -111,6 +112,7 @@ mod buffers;
 mod device;
 mod error;
 mod gemm;
+mod handle;
 mod host;
 pub mod kernels;
 mod launch;
@@ -122,9 +124,9 @@ pub mod plan;
 mod probe;
 mod weights;
 
-pub use backend::{CudaBackend, CudaOptions};
 pub use buffers::{DeviceCaches, DeviceRows, DeviceWorkspace};
 pub use error::CudaError;
+pub use handle::{CudaBackend, CudaOptions};
 pub use host::{conformance_backend, HostFormats};
 pub use plan::Dtype;
 pub use probe::{is_available, probe, DeviceInfo};

@@ -6,8 +6,8 @@
 use cudarc::driver::CudaSlice;
 use kda_core::{bf16, Data, DecayGate, GateWeights, KdaConfig, KdaWeights, MatRef};
 
-use crate::backend::CudaBackend;
 use crate::error::CudaError;
+use crate::handle::CudaBackend;
 use crate::params::KdaGate;
 use crate::plan::{Dtype, LayerDims};
 

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{compare, cpu_decode, cpu_forward, Caches, Layer, Rng};
-use kda_core::{InitialCaches, KdaBackend, KdaConfig, Mode};
+use kda_core::{Batch, InitialCaches, KdaBackend, KdaConfig, Mode};
 use kda_cuda::{
     conformance_backend, CudaBackend, CudaError, CudaOptions, DeviceCaches, DeviceRows,
     DeviceWeights, DeviceWorkspace, Dtype, HostFormats, WeightFormat,
@@ -72,17 +72,13 @@ fn forward_case(
     let want = cpu_forward(&ref_layer, &ref_x, cu, &mut want_c, init);
     let mut got_c = start.clone();
     let mut got = vec![0.0; x.len()];
-    be.forward_host_with(
-        cfg,
-        &layer.weights(),
-        &x,
-        cu,
-        got_c.as_mut(),
-        init,
-        &mut got,
-        formats,
-    )
-    .unwrap_or_else(|e| panic!("GPU forward failed: {e}"));
+    let batch = Batch {
+        x: &x,
+        cu_seqlens: cu,
+        out: &mut got,
+    };
+    be.forward_host_with(cfg, &layer.weights(), batch, got_c.as_mut(), init, formats)
+        .unwrap_or_else(|e| panic!("GPU forward failed: {e}"));
     compare(&got, &got_c, &want, &want_c)
 }
 
@@ -297,16 +293,14 @@ fn chunk_size_does_not_change_the_result() {
         }
         let mut c = Caches::zeros(&layer.cfg, 1);
         let mut out = vec![0.0; x.len()];
-        be.forward_host(
-            &layer.cfg,
-            &layer.weights(),
-            &x,
-            &cu,
-            c.as_mut(),
-            InitialCaches::Zero,
-            &mut out,
-        )
-        .unwrap();
+        let batch = Batch {
+            x: &x,
+            cu_seqlens: &cu,
+            out: &mut out,
+        };
+        let w = layer.weights();
+        be.forward_host(&layer.cfg, &w, batch, c.as_mut(), InitialCaches::Zero)
+            .unwrap();
         results.push((format!("{mode:?}/{chunk:?}"), out, c));
     }
     for (name, out, c) in &results[1..] {

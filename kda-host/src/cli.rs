@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::bench::Preset;
+use crate::quantize::mix::QuantType;
+use crate::quantize::Output;
 use kda_core::{Isa, Mode, Precision};
 
 /// The command line of `kda`.
@@ -131,6 +133,31 @@ pub enum Command {
         #[arg(long, value_name = "OUT", requires = "snapshot_every")]
         snapshots: Option<PathBuf>,
     },
+    /// Writes the KDA layers of a bf16 / f16 / f32 Kimi Linear checkpoint as a GGUF file, with
+    /// llama.cpp's tensor names and metadata (architecture kimi-linear) and the bytes ggml's
+    /// reference quantisers make (what llama-quantize writes without an importance matrix).
+    /// Only the KDA tensors are written: the convs, ssm_a (= −exp(A_log)), ssm_dt.bias and
+    /// ssm_norm as F32, the matrices in the --type's formats (rows that fit no K-quant fall
+    /// back as llama-quantize does: Q4_K → Q5_0, Q6_K → Q8_0). OUT is replaced atomically:
+    /// any error leaves an existing OUT untouched.
+    Quantize {
+        /// Checkpoint folder (config.json + model.safetensors or shards with an index).
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// GGUF file to write (a folder for `--type int4-g32`).
+        #[arg(long, value_name = "OUT.gguf")]
+        out: PathBuf,
+        /// Quantisation.
+        #[arg(long = "type", value_enum, value_name = "TYPE")]
+        qtype: QuantTypeArg,
+        /// Model layers to write, 0-based, e.g. `0,2,5-9` (default: every KDA layer; each
+        /// must be a KDA layer).
+        #[arg(long, value_name = "LIST", value_parser = parse_layers)]
+        layers: Option<LayerList>,
+        /// Worker threads for the quantisation (default: the available cores).
+        #[arg(long, value_name = "N", value_parser = parse_threads, allow_hyphen_values = true)]
+        threads: Option<usize>,
+    },
     /// Measures prefill and decode of one synthetic layer at a published size.
     Bench {
         /// Layer size.
@@ -169,6 +196,73 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = IsaArg::Auto)]
         isa: IsaArg,
     },
+}
+
+/// `kda quantize --type` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum QuantTypeArg {
+    /// Every KDA matrix Q8_0 (8.5 bits per weight).
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// Every KDA matrix Q4_K (4.5 bits; llama-quantize `--pure Q4_K_M`).
+    #[value(name = "q4_k")]
+    Q4K,
+    /// Every KDA matrix Q6_K (6.56 bits).
+    #[value(name = "q6_k")]
+    Q6K,
+    /// llama-quantize's Q4_K_M mix: Q4_K, and Q6_K for `attn_v` (the KDA v_proj) in the
+    /// first and last eighth of the KDA layers and every third in between.
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// Not a GGUF: a compressed-tensors `pack-quantized` checkpoint folder at OUT (int4,
+    /// groups of 32, symmetric, bf16 scales, as Kimi K2-Thinking ships), quantised as
+    /// compressed-tensors does; Kimi K3 checkpoints too.
+    #[value(name = "int4-g32")]
+    Int4G32,
+}
+
+impl From<QuantTypeArg> for Output {
+    fn from(t: QuantTypeArg) -> Output {
+        match t {
+            QuantTypeArg::Q8_0 => Output::Gguf(QuantType::Q8_0),
+            QuantTypeArg::Q4K => Output::Gguf(QuantType::Q4K),
+            QuantTypeArg::Q6K => Output::Gguf(QuantType::Q6K),
+            QuantTypeArg::Q4KM => Output::Gguf(QuantType::Q4KM),
+            QuantTypeArg::Int4G32 => Output::CtInt4G32,
+        }
+    }
+}
+
+/// A `--layers` list: 0-based model layers, ascending, without repeats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerList(pub Vec<usize>);
+
+/// Parses `--layers`: 0-based model layers, comma-separated, with ranges `a-b` (inclusive).
+pub fn parse_layers(s: &str) -> Result<LayerList, String> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("`{t}` is not a layer number (0-based)"))
+    };
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("`{part}` is an empty range"));
+                }
+                if b - a >= 1 << 20 {
+                    return Err(format!("`{part}` names more layers than a model has"));
+                }
+                v.extend(a..=b);
+            }
+            None => v.push(num(part)?),
+        }
+    }
+    v.sort_unstable();
+    v.dedup();
+    Ok(LayerList(v))
 }
 
 /// `--isa` values.
@@ -288,7 +382,7 @@ impl Cli {
                 snapshot_every: Some(0),
                 ..
             } => Err("--snapshot-every: must be at least 1".into()),
-            Command::Inspect { .. } | Command::Forward { .. } => Ok(()),
+            Command::Inspect { .. } | Command::Forward { .. } | Command::Quantize { .. } => Ok(()),
         }
     }
 }

@@ -30,6 +30,15 @@ pub enum HostError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A file is not a valid GGUF file (truncated, corrupt header, bad offsets, wrong key
+    /// types); the reason names the key or tensor at fault.
+    #[error("{file}: not a valid GGUF file: {reason}")]
+    Gguf {
+        /// The file.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A configuration file (or the shard index) is not valid JSON or lacks a field.
     #[error("{file}: {reason}")]
     Config {
@@ -133,6 +142,14 @@ impl HostError {
     /// A problem with the file `file`.
     pub fn file(file: impl Into<String>, reason: impl Into<String>) -> Self {
         HostError::File {
+            file: file.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A GGUF file `file` that breaks the format: `reason` names the key or tensor.
+    pub fn gguf(file: impl Into<String>, reason: impl Into<String>) -> Self {
+        HostError::Gguf {
             file: file.into(),
             reason: reason.into(),
         }

@@ -1,16 +1,14 @@
 //! All KDA layers of a checkpoint, loaded together, and a per-sequence cache for them.
 
-use std::path::Path;
-
 use kda_core::{
     ForwardOptions, InitialCaches, KdaConfig, KdaLayer, KdaWeights, Mode, Precision, SnapshotPos,
 };
 
 use crate::cache::SequenceCaches;
 use crate::checkpoint::config::ModelConfig;
-use crate::checkpoint::layout::LayerTensors;
+use crate::checkpoint::ct::views::OwnedGroups;
+use crate::checkpoint::layout::{LayerTensors, Src};
 use crate::checkpoint::safetensors::SafetensorsFile;
-use crate::checkpoint::Checkpoint;
 use crate::error::{HostError, Result};
 use crate::panels::Panels;
 use crate::runner::Runner;
@@ -38,6 +36,8 @@ impl ModelLayer {
 pub struct Model {
     name: String,
     config: ModelConfig,
+    /// Views of the quantised matrices over `files` (declared first: dropped first).
+    groups: OwnedGroups,
     files: Vec<SafetensorsFile>,
     layers: Vec<ModelLayer>,
     /// Panel-layout copies of each loaded layer's bf16 matrices, once
@@ -47,17 +47,8 @@ pub struct Model {
     precision: Precision,
 }
 
+// `Model::open` and `Model::open_layers` are in checkpoint/mod.rs, beside the reader they run.
 impl Model {
-    /// Loads every KDA layer of the checkpoint folder `dir`.
-    pub fn open(dir: &Path) -> Result<Self> {
-        Checkpoint::open(dir)?.load(None)
-    }
-
-    /// Loads the given model layers (0-based; each must be a KDA layer) of `dir`.
-    pub fn open_layers(dir: &Path, layers: &[usize]) -> Result<Self> {
-        Checkpoint::open(dir)?.load(Some(layers))
-    }
-
     pub(crate) fn from_parts(
         name: String,
         config: ModelConfig,
@@ -67,6 +58,7 @@ impl Model {
         Model {
             name,
             config,
+            groups: OwnedGroups::default(),
             files,
             layers,
             panels: Vec::new(),
@@ -108,11 +100,24 @@ impl Model {
         }
     }
 
+    /// With the views of its quantised matrices (built over this model's files).
+    pub(crate) fn with_groups(mut self, groups: OwnedGroups) -> Self {
+        self.groups = groups;
+        self
+    }
+
+    fn src(&self) -> Src<'_> {
+        Src {
+            files: &self.files,
+            groups: self.groups.views(),
+        }
+    }
+
     /// The weights of model layer `index` for the core: borrowed from the mapped files, with
     /// the bf16 matrices in the panel layout after [`Model::repack_panels`].
     pub fn weights(&self, index: usize) -> Result<(&KdaConfig, KdaWeights<'_>)> {
         let l = self.layer(index)?;
-        let base = l.tensors.weights(&l.cfg, &self.files)?;
+        let base = l.tensors.weights(&l.cfg, self.src())?;
         let pos = self.layers.iter().position(|m| m.index == index);
         match pos.and_then(|p| self.panels.get(p)) {
             Some(p) => Ok((&l.cfg, p.weights(&base)?)),
@@ -130,7 +135,7 @@ impl Model {
         }
         let mut panels = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
-            panels.push(Panels::new(&l.tensors.weights(&l.cfg, &self.files)?)?);
+            panels.push(Panels::new(&l.tensors.weights(&l.cfg, self.src())?)?);
         }
         self.panels = panels;
         Ok(())
@@ -217,14 +222,13 @@ impl Model {
     }
 
     /// [`Model::forward`] that also keeps the caches of layer `index` after the tokens listed
-    /// in `at` (sorted by sequence then position) in `snapshots`.
-    #[allow(clippy::too_many_arguments)] // Model::forward's arguments plus the two of the snapshots.
+    /// in `snapshots.at` (sorted by sequence then position) in `snapshots`; `(x, cu_seqlens)`
+    /// are the packed sequences [`Model::forward`] takes.
     pub fn forward_with_snapshots(
         &self,
         runner: &mut Runner,
         index: usize,
-        x: &[f32],
-        cu_seqlens: &[usize],
+        (x, cu_seqlens): (&[f32], &[usize]),
         cache: &mut ModelCache,
         mode: Mode,
         snapshots: &mut ModelSnapshots,

@@ -44,8 +44,7 @@ fn model_snapshots_resume_to_the_full_run() {
             .forward_with_snapshots(
                 &mut runner,
                 index,
-                &x,
-                &cu,
+                (&x, &cu),
                 &mut cache,
                 Mode::Chunked,
                 &mut snaps,

@@ -14,8 +14,10 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use crate::array::F32Array;
+use crate::compute::compute;
 use crate::core_api::{self, GateForm};
 use crate::delta::{Dims, Flags, Inputs, Outputs};
+use crate::numpy_api::{numpy_api, numpy_api_if_loaded, NumpyApi};
 
 /// What the fast path needs of torch, looked up once.
 struct TorchApi {
@@ -30,19 +32,7 @@ struct TorchApi {
     from_numpy: Py<PyAny>,
 }
 
-/// What the fast path needs of numpy, looked up once.
-pub(crate) struct NumpyApi {
-    ndarray: Py<PyType>,
-    /// `numpy.float32`.
-    pub(crate) float32: Py<PyAny>,
-    /// `numpy.empty`.
-    pub(crate) empty: Py<PyAny>,
-    /// `numpy.asarray`.
-    pub(crate) asarray: Py<PyAny>,
-}
-
 static TORCH: PyOnceLock<TorchApi> = PyOnceLock::new();
-static NUMPY: PyOnceLock<NumpyApi> = PyOnceLock::new();
 
 fn torch_api(py: Python<'_>) -> PyResult<TorchApi> {
     let m = py.import("torch")?;
@@ -55,18 +45,6 @@ fn torch_api(py: Python<'_>) -> PyResult<TorchApi> {
             .and_then(|d| d.getattr("to_dlpack"))
             .ok()
             .map(Bound::unbind),
-    })
-}
-
-pub(crate) fn numpy_api(py: Python<'_>) -> PyResult<&'static NumpyApi> {
-    NUMPY.get_or_try_init(py, || {
-        let m = py.import("numpy")?;
-        Ok(NumpyApi {
-            ndarray: m.getattr("ndarray")?.cast_into::<PyType>()?.unbind(),
-            float32: m.getattr("float32")?.unbind(),
-            empty: m.getattr("empty")?.unbind(),
-            asarray: m.getattr("asarray")?.unbind(),
-        })
     })
 }
 
@@ -88,7 +66,7 @@ impl<'a> Kind<'a> {
                 return Some(Kind::Torch(t));
             }
         }
-        if let Some(n) = NUMPY.get(py) {
+        if let Some(n) = numpy_api_if_loaded(py) {
             if ty.is(n.ndarray.bind(py)) {
                 return Some(Kind::Numpy(n));
             }
@@ -98,7 +76,7 @@ impl<'a> Kind<'a> {
             TORCH.get_or_try_init(py, || torch_api(py)).ok()?;
             return Kind::of(x);
         }
-        if module == *"numpy" && NUMPY.get(py).is_none() {
+        if module == *"numpy" && numpy_api_if_loaded(py).is_none() {
             numpy_api(py).ok()?;
             return Kind::of(x);
         }
@@ -431,7 +409,7 @@ fn run<'py>(py: Python<'py>, c: &Call) -> PyResult<FlaResult<'py>> {
         k: kd,
         v: vd,
     };
-    crate::compute(py, &dims, &x, &c.flags, out, c.threads)?;
+    compute(py, &dims, &x, &c.flags, out, c.threads)?;
     Ok((o, ht.map(|(arr, _)| arr)))
 }
 

@@ -9,8 +9,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::array::F32Array;
+use crate::compute::no_panic;
 use crate::core_api::{self, LayerShape, Model, ModelCache, Runner};
-use crate::{no_panic, threads};
+use crate::threads;
 
 /// One KDA layer of a Kimi Linear / Kimi K3 checkpoint (weights memory-mapped).
 #[pyclass(module = "kda._core", frozen)]

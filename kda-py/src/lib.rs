@@ -12,78 +12,30 @@
 #![deny(missing_docs)]
 
 pub mod array;
+pub mod compute;
 pub mod core_api;
 pub mod delta;
 pub mod fast;
 pub mod layer;
+pub mod numpy_api;
 pub mod pool;
 pub mod threads;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyTuple};
 
 use array::F32Array;
+use compute::compute;
 use core_api::GateForm;
 use delta::{Dims, Flags, Inputs, Outputs};
-
-/// Runs `f`, turning a panic into a `RuntimeError` (no Rust panic reaches Python).
-pub(crate) fn no_panic<T>(f: impl FnOnce() -> Result<T, String>) -> PyResult<T> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(PyValueError::new_err(e)),
-        Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(PyRuntimeError::new_err(format!(
-                "internal error in kda (please report): {what}"
-            )))
-        }
-    }
-}
-
-/// Nanoseconds the last `delta_rule` / `fla_forward` call spent computing.
-static LAST_COMPUTE_NS: AtomicU64 = AtomicU64::new(0);
-
-/// Runs [`delta::run`] with the GIL released on a pool of `threads`, and records its time.
-pub(crate) fn compute(
-    py: Python<'_>,
-    dims: &Dims,
-    x: &Inputs<'_>,
-    flags: &Flags,
-    out: Outputs<'_>,
-    threads: usize,
-) -> PyResult<u64> {
-    let ns = py.detach(|| {
-        no_panic(|| {
-            let t0 = std::time::Instant::now();
-            threads::install(threads, || delta::run(dims, x, flags, out, threads))?;
-            Ok(t0.elapsed().as_nanos() as u64)
-        })
-    })?;
-    LAST_COMPUTE_NS.store(ns, Ordering::Relaxed);
-    Ok(ns)
-}
 
 /// A new uninitialised float32 numpy array of `shape`, for the outputs of the general path
 /// ([`pool::empty`]: large ones reuse freed outputs' memory).
 #[pyfunction]
 fn new_f32<'py>(py: Python<'py>, shape: Vec<usize>) -> PyResult<Bound<'py, PyAny>> {
-    pool::empty(py, fast::numpy_api(py)?, &shape)
-}
-
-/// Nanoseconds the last `chunk_kda` / `fused_recurrent_kda` call spent computing (the
-/// GIL-free part: [`delta::run`]).
-#[pyfunction]
-fn last_compute_ns() -> u64 {
-    LAST_COMPUTE_NS.load(Ordering::Relaxed)
+    pool::empty(py, numpy_api::numpy_api(py)?, &shape)
 }
 
 /// The fast path of `kda.chunk_kda` (`chunked` true) and `kda.fused_recurrent_kda`: then the
@@ -379,7 +331,7 @@ fn kda_core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta_rule, m)?)?;
     m.add_function(wrap_pyfunction!(fla_forward, m)?)?;
     m.add_function(wrap_pyfunction!(fused_recurrent_kda, m)?)?;
-    m.add_function(wrap_pyfunction!(last_compute_ns, m)?)?;
+    m.add_function(wrap_pyfunction!(compute::last_compute_ns, m)?)?;
     m.add_function(wrap_pyfunction!(new_f32, m)?)?;
     m.add_function(wrap_pyfunction!(pool::empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(pool::cache_info, m)?)?;

@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::array::F32Array;
-use crate::fast::NumpyApi;
+use crate::numpy_api::NumpyApi;
 
 /// Outputs at least this large come from the free list (glibc's largest dynamic mmap
 /// threshold: below it freed memory stays in malloc's heap).

@@ -105,8 +105,8 @@ for r in $(seq 1 "$ROUNDS"); do
     fi
     if grep -q -w avx512f /proc/cpuinfo; then
         # The AVX2 kernels on an AVX-512 machine, against the 256-bit FMA peak: a slowdown of
-        # the AVX2 path shows here too, not only on AVX2-only machines (the twelfth session's
-        # prefill GEMM ran at 40 % of the AVX2 peak unnoticed until an AVX2 machine came back).
+        # the AVX2 path shows here too, not only on AVX2-only machines (from 4dcfb45 on
+        # 2026-12-03 the prefill GEMM ran at 40 % of the AVX2 peak unnoticed until 38caf6d on Zen 3).
         run_case "AVX2 path: Kimi Linear prefill T=1024, 1 thread" "$r" --preset kimi-linear --prompt 1024 --steps 8 --threads 1 --isa avx2
     fi
     if [ "$TORCH" = 1 ]; then

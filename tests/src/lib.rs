@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use half::bf16;
 use kda_core::{
-    Cpu, DecayGate, ForwardOptions, GateProj, InitialCaches, KdaBackend, KdaConfig, Mode,
+    Batch, Cpu, DecayGate, ForwardOptions, GateProj, InitialCaches, KdaBackend, KdaConfig, Mode,
 };
 use kda_host::layer::{OwnedData, OwnedGate, OwnedMat};
 use kda_host::{OwnedLayer, SequenceCaches};
@@ -425,16 +425,13 @@ impl Harness for CudaHarness {
     ) -> Result<Vec<f32>, String> {
         let w = layer.weights().map_err(|e| e.to_string())?;
         let mut out = vec![0.0; x.len()];
+        let batch = Batch {
+            x,
+            cu_seqlens,
+            out: &mut out,
+        };
         self.0
-            .forward_host(
-                &layer.cfg,
-                &w,
-                x,
-                cu_seqlens,
-                caches.as_mut(),
-                init,
-                &mut out,
-            )
+            .forward_host(&layer.cfg, &w, batch, caches.as_mut(), init)
             .map_err(|e| e.to_string())?;
         Ok(out)
     }

@@ -94,19 +94,15 @@ fn recurrence_against_naive_recurrent_and_naive_chunk() {
         let mut v = f.f32(&format!("{prefix}.v"));
         let mut state = f.f32(&format!("{prefix}.h0"));
         let mut o = vec![0.0; v.len()];
-        recurrent::recurrent_sequence(
-            &q.f32(),
-            &f.f32(&format!("{prefix}.k")),
-            &mut v,
-            &f.f32(&format!("{prefix}.g")),
-            &f.f32(&format!("{prefix}.beta")),
-            h,
-            k,
-            1.0 / (k as f32).sqrt(),
-            &mut state,
-            &mut o,
-        )
-        .unwrap();
+        let rows = recurrent::SequenceRows {
+            q: &q.f32(),
+            k: &f.f32(&format!("{prefix}.k")),
+            v: &mut v,
+            g: &f.f32(&format!("{prefix}.g")),
+            beta: &f.f32(&format!("{prefix}.beta")),
+            state: &mut state,
+        };
+        recurrent::recurrent_sequence(rows, h, k, 1.0 / (k as f32).sqrt(), &mut o).unwrap();
         assert_close(
             &format!("{prefix} o"),
             &o,

@@ -214,19 +214,15 @@ fn components_inside_the_layer_match_the_intermediates() {
         for n in 0..cu.len() - 1 {
             let r = cu[n] * d..cu[n + 1] * d;
             let br = cu[n] * h..cu[n + 1] * h;
-            recurrent::recurrent_sequence(
-                &q[r.clone()],
-                &kk[r.clone()],
-                &mut v[r.clone()],
-                &g[r.clone()],
-                &beta[br],
-                h,
-                k,
-                cfg.scale(),
-                &mut state[n * s..(n + 1) * s],
-                &mut o[r],
-            )
-            .unwrap();
+            let rows = recurrent::SequenceRows {
+                q: &q[r.clone()],
+                k: &kk[r.clone()],
+                v: &mut v[r.clone()],
+                g: &g[r.clone()],
+                beta: &beta[br],
+                state: &mut state[n * s..(n + 1) * s],
+            };
+            recurrent::recurrent_sequence(rows, h, k, cfg.scale(), &mut o[r]).unwrap();
         }
         let e = rel_rms(&o, &fx.f32("inter.o"));
         assert!(e <= TOL, "{name}: recurrence output rel-RMS {e:.2e}");

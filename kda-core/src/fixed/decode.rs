@@ -171,9 +171,6 @@ fn decay(cfg: &KdaConfig, w: &FixedWeights<'_>, head: usize, f: &mut [i32]) {
 /// own prediction): decay and predict, then write and read. `q` (scaled) and `k` are Q1.30,
 /// `alpha` Q1.30, `v` Q15.16, `beta` Q1.30; `o` receives Q15.16.
 #[inline(never)]
-// The integer recurrence's inputs of one token and head, each in its own Q format; inlined
-// into a single call site.
-#[allow(clippy::too_many_arguments)]
 fn delta_rule(
     st: &mut [i32],
     q: &[i32],

@@ -202,7 +202,7 @@ impl<'a> Params<'a> {
     ) -> &'a [i32] {
         let out = self.take(n);
         for (i, o) in out.iter_mut().enumerate() {
-            let v = src.and_then(|s| s.get(i)).unwrap_or(default);
+            let v = src.and_then(|s| s.get_dense(i)).unwrap_or(default);
             *o = to_q(f(v), frac);
         }
         out

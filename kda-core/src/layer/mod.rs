@@ -29,177 +29,33 @@
 //! buffers' unsafe access sound, which the plan makes unreachable — they surface as
 //! [`KdaError::Internal`] naming the region (a bug to report), never as a panic.
 
+mod options;
 mod plan;
 mod proj;
 mod snapshot;
 mod speculative;
 mod task;
+mod validated;
+mod views;
 
+pub use options::{
+    ForwardOptions, InitialCaches, Mode, Precision, AUTO_CHUNK_MIN_TOKENS, DEFAULT_CHUNK,
+};
 pub use snapshot::{snapshot_count, snapshot_positions, SnapshotPos, Snapshots};
 pub use speculative::{commit_workspace_len, rollback_len, Rollback};
+pub use validated::KdaLayer;
+
 use speculative::{CommitViews, RecordLayout, VerifyViews};
 
 use crate::cache::CachesMut;
 use crate::config::KdaConfig;
 use crate::error::{check_len, rows_of, KdaError};
 use crate::exec::{Executor, FirstError, Shared};
-use crate::ops::chunked::MAX_CHUNK;
-use crate::simd::Isa;
-use crate::weights::KdaWeights;
 
 use plan::{Block, BlockSize, Blocks, Needs, Sequences};
 use proj::{BlockViews, Round};
-use task::{HeadBuffers, SeqHead};
-
-/// Where a forward call's caches start from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum InitialCaches {
-    /// Every sequence starts fresh: the caches are zeroed first (their contents are ignored).
-    Zero,
-    /// The caches hold each sequence's state so far (a continuation, or a prefix cache).
-    /// To start some sequences fresh and continue others, zero the former with
-    /// [`CachesMut::reset_sequence`] and pass `Given`.
-    Given,
-}
-
-/// How the delta rule runs over a sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum Mode {
-    /// Chunked for sequences of at least [`AUTO_CHUNK_MIN_TOKENS`] tokens, else recurrent.
-    #[default]
-    Auto,
-    /// Token by token (what decode always uses).
-    Recurrent,
-    /// The chunked (WY/UT) form.
-    Chunked,
-}
-
-impl Mode {
-    /// The mode's name as the `kda` tool spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Auto => "auto",
-            Mode::Recurrent => "recurrent",
-            Mode::Chunked => "chunked",
-        }
-    }
-
-    /// What a sequence of `len` tokens runs as: [`Mode::Recurrent`] or [`Mode::Chunked`].
-    pub fn resolve(self, len: usize) -> Mode {
-        match self {
-            Mode::Auto if len >= AUTO_CHUNK_MIN_TOKENS => Mode::Chunked,
-            Mode::Auto => Mode::Recurrent,
-            m => m,
-        }
-    }
-}
-
-/// Default chunk size, chosen by measurement (`cargo bench -p kda-core --bench delta_rule`;
-/// the figures are in the README): the state products are efficient GEMMs at 16, 32 or 64, so
-/// the per-token intra-chunk work, which grows with the chunk size, decides.
-pub const DEFAULT_CHUNK: usize = 16;
-
-/// In [`Mode::Auto`], sequences at least this long run chunked: the measured crossover below
-/// which the recurrence is faster (README).
-pub const AUTO_CHUNK_MIN_TOKENS: usize = 8;
-
-/// The arithmetic of the projections (everything else always runs in f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum Precision {
-    /// f32 activations times the weights widened to f32, one f32 chain per output (the
-    /// reference's arithmetic).
-    #[default]
-    Exact,
-    /// Each projection's input rows rounded to bf16 (nearest even), products of bf16 pairs
-    /// accumulated in f32: the precision torch and vLLM run bf16 checkpoints at, with
-    /// `vdpbf16ps` on CPUs with AVX512_BF16 ([`Isa::Avx512Bf16`]) and the same sums, bitwise,
-    /// emulated on every other path. Needs every projection as bf16 weights in the panel
-    /// layout ([`crate::MatRef::new_panels`]).
-    Bf16,
-}
-
-impl Precision {
-    /// The precision's name as the `kda` tool spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Exact => "exact",
-            Precision::Bf16 => "bf16",
-        }
-    }
-}
-
-/// Options of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct ForwardOptions {
-    /// Recurrent, chunked, or chosen by length.
-    pub mode: Mode,
-    /// Chunk size for the chunked form (1..=256; 16, 32, 64 are typical).
-    pub chunk_size: usize,
-    /// Kernel path; `None` picks the fastest this CPU supports.
-    pub isa: Option<Isa>,
-    /// The projections' arithmetic ([`Precision::Exact`] by default).
-    pub precision: Precision,
-}
-
-impl Default for ForwardOptions {
-    fn default() -> Self {
-        ForwardOptions {
-            mode: Mode::Auto,
-            chunk_size: DEFAULT_CHUNK,
-            isa: None,
-            precision: Precision::Exact,
-        }
-    }
-}
-
-impl ForwardOptions {
-    /// Token-by-token only.
-    pub fn recurrent() -> Self {
-        ForwardOptions {
-            mode: Mode::Recurrent,
-            ..Self::default()
-        }
-    }
-
-    /// These options with `mode`.
-    pub fn with_mode(self, mode: Mode) -> Self {
-        ForwardOptions { mode, ..self }
-    }
-
-    /// These options with `precision`.
-    pub fn with_precision(self, precision: Precision) -> Self {
-        ForwardOptions { precision, ..self }
-    }
-
-    /// Checks the chunk size and the ISA; returns the ISA to run.
-    fn validate(&self) -> Result<Isa, KdaError> {
-        if self.chunk_size == 0 || self.chunk_size > MAX_CHUNK {
-            return Err(KdaError::Config {
-                field: "chunk_size",
-                reason: "must be between 1 and 256",
-            });
-        }
-        match self.isa {
-            None => Ok(Isa::detect()),
-            Some(i) if i.is_supported() => Ok(i),
-            Some(_) => Err(KdaError::Config {
-                field: "isa",
-                reason: "not supported by this CPU",
-            }),
-        }
-    }
-
-    /// The chunk size a sequence of `len` tokens runs with, or `None` when it runs recurrent.
-    fn chunk_for(&self, len: usize) -> Option<usize> {
-        (self.mode.resolve(len) == Mode::Chunked).then_some(self.chunk_size)
-    }
-}
+use task::HeadBuffers;
+use views::{CacheViews, SeqHead, SnapViews};
 
 /// f32 elements of workspace for a forward with `opts`, processing up to `block_tokens` tokens
 /// at a time on an executor with `workers` workers. (Any `block_tokens ≥ 1` gives a correct
@@ -254,31 +110,6 @@ pub fn validate_offsets(cu_seqlens: &[usize], tokens: usize) -> Result<usize, Kd
     Ok(cu_seqlens.len() - 1)
 }
 
-/// The bf16 mode's requirement: every projection's matrix bf16 in the panel layout.
-fn check_bf16_panels(w: &KdaWeights<'_>) -> Result<(), KdaError> {
-    fn gate<'w>(g: crate::weights::GateWeights<'w>) -> [Option<crate::MatRef<'w>>; 2] {
-        match g {
-            crate::weights::GateWeights::FullRank(m) => [Some(m), None],
-            crate::weights::GateWeights::LowRank { down, up } => [Some(down), Some(up)],
-        }
-    }
-    let fixed = [w.q_proj, w.k_proj, w.v_proj, w.b_proj, w.o_proj].map(Some);
-    let all = fixed
-        .into_iter()
-        .chain(gate(w.decay_proj))
-        .chain(gate(w.output_gate));
-    let ok = |m: &crate::MatRef<'_>| m.is_panels() && matches!(m.data(), crate::Data::Bf16(_));
-    if all.flatten().all(|m| ok(&m)) {
-        Ok(())
-    } else {
-        Err(KdaError::Config {
-            field: "precision",
-            reason: "bf16 precision needs every projection as bf16 weights in the panel layout \
-                     (MatRef::new_panels; kda-host: Model::repack_panels)",
-        })
-    }
-}
-
 /// The tokens of one forward call: `N` packed sequences and where their outputs go.
 #[derive(Debug)]
 pub struct Batch<'a> {
@@ -290,72 +121,10 @@ pub struct Batch<'a> {
     pub out: &'a mut [f32],
 }
 
-/// A KDA layer with its weights, validated once: config, weight shapes and forms, options and
-/// the instruction set to run.
-#[derive(Debug, Clone, Copy)]
-pub struct KdaLayer<'w> {
-    cfg: KdaConfig,
-    weights: KdaWeights<'w>,
-    opts: ForwardOptions,
-    isa: Isa,
-    state_len: usize,
-    conv_state_len: usize,
-}
-
 impl<'w> KdaLayer<'w> {
-    /// Checks `cfg`, `weights` against it, and `opts` (chunk size; the ISA, which `None` picks
-    /// as the fastest this CPU supports).
-    pub fn new(
-        cfg: &KdaConfig,
-        weights: KdaWeights<'w>,
-        opts: ForwardOptions,
-    ) -> Result<Self, KdaError> {
-        weights.validate(cfg)?;
-        let isa = opts.validate()?;
-        if opts.precision == Precision::Bf16 {
-            check_bf16_panels(&weights)?;
-        }
-        Ok(KdaLayer {
-            cfg: *cfg,
-            weights,
-            opts,
-            isa,
-            state_len: cfg.state_len()?,
-            conv_state_len: cfg.conv_state_len()?,
-        })
-    }
-
-    /// The layer's configuration.
-    pub fn config(&self) -> &KdaConfig {
-        &self.cfg
-    }
-
-    /// The layer's weights.
-    pub fn weights(&self) -> &KdaWeights<'w> {
-        &self.weights
-    }
-
-    /// The layer's options (the ISA as asked for; [`Self::isa`] is the one that runs).
-    pub fn options(&self) -> &ForwardOptions {
-        &self.opts
-    }
-
-    /// The instruction set the kernels run.
-    pub fn isa(&self) -> Isa {
-        self.isa
-    }
-
     /// `base` with the room the layer's precision needs.
     fn needs(&self, base: Needs) -> Needs {
         base.with_precision(&self.cfg, self.opts.precision)
-    }
-
-    /// The same layer with another mode (the rest stays validated).
-    pub fn with_mode(self, mode: Mode) -> Self {
-        KdaLayer {
-            opts: self.opts.with_mode(mode),
-            ..self
-        }
     }
 
     /// f32 elements of workspace for [`Self::forward`] with blocks of up to `block_tokens`
@@ -595,21 +364,6 @@ impl<'a> Call<'a> {
     }
 }
 
-/// The snapshot buffers of a call, shared by the (sequence, head) tasks.
-pub(super) struct SnapViews<'a> {
-    pub(super) at: &'a [SnapshotPos],
-    pub(super) caches: CacheViews<'a>,
-}
-
-impl<'a> SnapViews<'a> {
-    fn new(s: Snapshots<'a>) -> Self {
-        SnapViews {
-            at: s.at,
-            caches: CacheViews::new(s.states),
-        }
-    }
-}
-
 impl KdaLayer<'_> {
     /// The layer after validation: block by block, three rounds each.
     fn run(
@@ -779,23 +533,4 @@ struct BlockBuffers<'a> {
     low_rank: &'a mut [f32],
     pairs: &'a mut [u32],
     scratch: Shared<'a>,
-}
-
-/// The caches of a call (or its snapshots), shared by the (sequence, head) tasks.
-pub(super) struct CacheViews<'a> {
-    pub(super) states: Shared<'a>,
-    pub(super) conv: [Shared<'a>; 3],
-}
-
-impl<'a> CacheViews<'a> {
-    fn new(c: CachesMut<'a>) -> Self {
-        CacheViews {
-            states: Shared::new(c.recurrent),
-            conv: [
-                Shared::new(c.conv_q),
-                Shared::new(c.conv_k),
-                Shared::new(c.conv_v),
-            ],
-        }
-    }
 }

@@ -3,7 +3,7 @@
 
 use core::ops::Range;
 
-use super::Precision;
+use super::options::Precision;
 use crate::config::KdaConfig;
 use crate::error::{add, mul, KdaError};
 use crate::ops::chunked::chunked_scratch_len;

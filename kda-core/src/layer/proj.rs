@@ -6,10 +6,11 @@ use crate::error::KdaError;
 use crate::exec::{Executor, FirstError, Shared};
 use crate::math::exp;
 use crate::ops::gate::decay_run;
-use crate::ops::linear::{project_tile, project_tile_pairs};
+use crate::ops::linear::{project_tile, project_tile_pairs, Tile, TileRows};
 use crate::weights::{GateWeights, MatRef};
 
-use super::{KdaLayer, Precision};
+use super::options::Precision;
+use super::validated::KdaLayer;
 
 /// Most projections in one round (round 1: q, k, v, decay, beta, output gate).
 const MAX_PROJS: usize = 6;
@@ -185,30 +186,25 @@ impl Round<'_, '_> {
         let mut post = PostOp::new(self.layer, p.post);
         let mut store = |t: usize, first: usize, vals: &[f32]| store(p, &mut post, t, first, vals);
         let isa = self.layer.isa;
+        let tile = Tile {
+            w: &p.w,
+            o0: rows.start,
+            o1: rows.end,
+        };
         if let Some(pi) = pin {
             let width = cols.div_ceil(2);
             let row = |t: usize| &pi.data[t * pi.ld + pi.off..t * pi.ld + pi.off + width];
-            return project_tile_pairs(
-                isa,
-                &row,
-                self.tokens,
-                &p.w,
-                rows.start,
-                rows.end,
-                scratch,
-                &mut store,
-            );
+            let x = TileRows {
+                row: &row,
+                tokens: self.tokens,
+            };
+            return project_tile_pairs(isa, x, tile, scratch, &mut store);
         }
-        project_tile(
-            isa,
-            &row,
-            self.tokens,
-            &p.w,
-            rows.start,
-            rows.end,
-            scratch,
-            &mut store,
-        )
+        let x = TileRows {
+            row: &row,
+            tokens: self.tokens,
+        };
+        project_tile(isa, x, tile, scratch, &mut store)
     }
 }
 

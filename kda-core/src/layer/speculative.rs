@@ -17,8 +17,8 @@ use crate::exec::{Executor, FirstError, Shared};
 use crate::ops::recurrent::{replay_step, ReplayToken};
 use crate::simd::{self, Isa};
 
-use super::task::{SeqHead, Views};
-use super::{CacheViews, KdaLayer};
+use super::validated::KdaLayer;
+use super::views::{CacheViews, SeqHead, Views};
 
 /// f32 elements of the record of one (sequence, head) for `drafts` tokens and key dim `k`
 /// (value dim `k` too): `drafts · (5k + k + 1)`.

@@ -10,9 +10,9 @@ use crate::ops::recurrent::{recurrent_head, recurrent_scratch_len};
 use crate::ops::HeadRows;
 
 use super::proj::BlockViews;
-use super::snapshot::SnapsIn;
 use super::speculative::VerifyViews;
-use super::{CacheViews, KdaLayer, SnapViews};
+use super::validated::KdaLayer;
+use super::views::{CacheViews, SeqHead, SnapViews, Views};
 
 /// The block's buffers and the caches, shared by the round's tasks. Each task touches only its
 /// own head's rows of its own sequence, and its worker's scratch.
@@ -33,39 +33,10 @@ pub(super) struct HeadBuffers<'a> {
     pub(super) tokens: usize,
 }
 
-/// One (sequence, head) piece of a block.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct SeqHead<'a> {
-    /// Sequence index in the call.
-    pub(super) seq: usize,
-    pub(super) head: usize,
-    /// First row of the sequence within the block, and its row count there.
-    pub(super) row: usize,
-    pub(super) len: usize,
-    /// Rows of the sequence before this piece.
-    pub(super) rel: usize,
-    /// `(chunk size, length of the first chunk)` when the sequence runs chunked.
-    pub(super) chunk: Option<(usize, usize)>,
-    /// The snapshots that fall in this piece.
-    pub(super) snaps: SnapsIn<'a>,
-}
-
 /// The delta rule's scratch: the recurrence's, and the chunked kernel's.
 struct DeltaScratch<'a> {
     recurrent: &'a mut [f32],
     chunked: &'a mut [f32],
-}
-
-/// The views one task works on.
-pub(super) struct Views<'a> {
-    pub(super) q: &'a mut [f32],
-    pub(super) k: &'a mut [f32],
-    pub(super) v: &'a mut [f32],
-    pub(super) decay: &'a mut [f32],
-    pub(super) beta: &'a mut [f32],
-    pub(super) state: &'a mut [f32],
-    pub(super) conv: [&'a mut [f32]; 3],
-    pub(super) scratch: &'a mut [f32],
 }
 
 impl<'a> HeadBuffers<'a> {

@@ -8,6 +8,7 @@
 use half::{bf16, f16};
 
 use crate::error::{check_len, rows_of, KdaError};
+use crate::quant::{Blocks, GroupRows};
 use crate::simd::{self, Isa, DIRECT, PANEL};
 use crate::weights::{Data, MatRef};
 
@@ -62,7 +63,39 @@ pub fn dot(x: &[f32], w: Data<'_>) -> f32 {
         Data::Bf16(w) => dot_bf16(x, w),
         Data::F16(w) => dot_f16(x, w),
         Data::I8 { data, scales } => dot_i8(x, data, scales),
+        Data::Blocks(b) => dot_blocks(x, &b),
+        Data::Groups(g) => dot_groups(x, &g),
     }
+}
+
+/// `Σ x[i]·w[i]` over block-quantised `w`, each block dequantised in turn (the reference the
+/// fast kernels are tested against): the same eight partial sums as [`dot_f32`].
+pub fn dot_blocks(x: &[f32], w: &Blocks<'_>) -> f32 {
+    let e = w.format().block_elems();
+    let mut buf = [0.0f32; 256];
+    let mut acc = [0.0f32; LANES];
+    for (k, block) in w.blocks().enumerate() {
+        let base = k * e;
+        if base >= x.len() {
+            break;
+        }
+        w.format().dequantize_unchecked(block, &mut buf[..e]);
+        for (i, (xv, wv)) in x[base..].iter().zip(&buf[..e]).enumerate() {
+            acc[(base + i) % LANES] += xv * wv;
+        }
+    }
+    reduce(acc)
+}
+
+/// `Σ x[i]·w[i]` over group-quantised `w` (whole rows, row-major), in the order of
+/// [`dot_f32`].
+pub fn dot_groups(x: &[f32], w: &GroupRows<'_>) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let cols = w.cols();
+    for (i, xv) in x.iter().enumerate().take(w.len()) {
+        acc[i % LANES] += xv * w.weight(i / cols, i % cols);
+    }
+    reduce(acc)
 }
 
 /// `Σ x[i] · w[i]` for an int8 run with per-row scales (normally one row: one scale).
@@ -90,6 +123,42 @@ pub type Store<'s> = dyn FnMut(usize, usize, &[f32]) -> Result<(), KdaError> + '
 type Put<'s> = dyn FnMut(usize, &[f32]) -> Result<(), KdaError> + 's;
 /// Runs on a group of token rows starting at token `t0` as `f(t0, rows)`.
 type TokenGroup<'s, 'x, T = f32> = dyn FnMut(usize, &[&'x [T]]) -> Result<(), KdaError> + 's;
+
+/// A tile's input rows: `row(t)` for `t < tokens`, each at least the matrix's columns long (or,
+/// in the bf16 mode, its `cols.div_ceil(2)` bf16 pairs).
+pub struct TileRows<'r, 'x, T = f32> {
+    /// Input row `t`.
+    pub row: &'r dyn Fn(usize) -> &'x [T],
+    /// How many input rows (tokens).
+    pub tokens: usize,
+}
+
+impl<T> Clone for TileRows<'_, '_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for TileRows<'_, '_, T> {}
+
+/// A projection tile: output rows `o0..o1` of the matrix `w`.
+#[derive(Clone, Copy)]
+pub struct Tile<'m, 'w> {
+    /// The matrix `[out, in]`.
+    pub w: &'m MatRef<'w>,
+    /// First output row.
+    pub o0: usize,
+    /// End of the output rows.
+    pub o1: usize,
+}
+
+/// Up to 32 rows of a row-major matrix as typed slices: `mr` rows of `n` columns.
+#[derive(Clone, Copy)]
+struct RowBlock<'a, 'w> {
+    ws: simd::Rows<'a, 'w>,
+    n: usize,
+    mr: usize,
+}
 
 /// Reduction steps per packed panel: 16 rows × 256 in f32 is 16 KB, half of a typical L1.
 const KC: usize = 256;
@@ -139,19 +208,14 @@ pub fn project_scratch_len(n_in: usize, tokens: usize) -> usize {
 /// value is bitwise the same for any `o0..o1` split, any `tokens`, and any scratch size:
 /// decode and prefill, and any thread count, agree exactly.
 /// A row too short for the matrix (an internal bug) is an [`KdaError::Internal`] error.
-// The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
-// output rows o0..o1, scratch and the store callback (one call per tile, not per element).
-#[allow(clippy::too_many_arguments)]
-pub fn project_tile<'x>(
+pub fn project_tile(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'x [f32],
-    tokens: usize,
-    w: &MatRef<'_>,
-    o0: usize,
-    o1: usize,
+    x: TileRows<'_, '_>,
+    tile: Tile<'_, '_>,
     scratch: &mut [f32],
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
+    let (TileRows { row, tokens }, Tile { w, o0, o1 }) = (x, tile);
     if !matches!(w.data(), Data::F32(_) | Data::Bf16(_)) {
         for o in o0..o1 {
             for t in 0..tokens {
@@ -163,7 +227,7 @@ pub fn project_tile<'x>(
     let n = w.cols();
     let pack = tokens > DIRECT_MAX && n > 0 && scratch.len() >= PANEL * (64 + 6);
     if w.is_panels() {
-        return project_panels(isa, row, tokens, w, o0, o1, pack, scratch, store);
+        return project_panels(isa, x, tile, pack, scratch, store);
     }
     let group = if pack { PANEL } else { DIRECT };
     let mut o = o0;
@@ -172,7 +236,11 @@ pub fn project_tile<'x>(
         let set = weight_rows(w, o, mr).ok_or(KdaError::Internal {
             what: "projection rows",
         })?;
-        let ws = set.prefix(mr);
+        let ws = RowBlock {
+            ws: set.prefix(mr),
+            n,
+            mr,
+        };
         let mut put = |t: usize, vals: &[f32]| store(t, o, vals);
         if pack {
             // The next 16 rows (this call's or the next tile's), fetched while this tile
@@ -187,9 +255,9 @@ pub fn project_tile<'x>(
                     }
                 }
             };
-            packed(isa, row, tokens, n, ws, mr, scratch, &fetch, &mut put)?;
+            packed(isa, x, ws, scratch, &fetch, &mut put)?;
         } else {
-            direct(isa, row, tokens, n, ws, mr, &mut put)?;
+            direct(isa, x, ws, &mut put)?;
         }
         o += mr;
     }
@@ -200,28 +268,22 @@ pub fn project_tile<'x>(
 /// [`simd::DECODE_PANELS`] 16-row panels at once ([`simd::panels_fma`]), prefill runs the GEMM straight from each bf16 panel
 /// ([`simd::panel_fma_bf16`]: no packing, no transposes). Same sums, bitwise, as the
 /// row-major paths.
-// The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
-// output rows o0..o1, scratch and the store callback (one call per tile, not per element).
-#[allow(clippy::too_many_arguments)]
-fn project_panels<'x>(
+fn project_panels(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'x [f32],
-    tokens: usize,
-    w: &MatRef<'_>,
-    o0: usize,
-    o1: usize,
+    x: TileRows<'_, '_>,
+    tile: Tile<'_, '_>,
     pack: bool,
     scratch: &mut [f32],
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
     if pack {
-        return prefill_panels(isa, row, tokens, w, (o0, o1), scratch, store);
+        return prefill_panels(isa, x, tile, scratch, store);
     }
-    let n = w.cols();
+    let n = tile.w.cols();
     let mut kernel = |xs: &[&[f32]], panels: &[&[bf16]], acc: &mut [f32]| {
         simd::panels_fma(isa, xs, panels, 0, n, acc)
     };
-    decode_panels(row, tokens, w, (o0, o1), &mut kernel, store)
+    decode_panels(x, tile, &mut kernel, store)
 }
 
 /// The panel kernel of a decode tile: `kernel(xs, panels, acc)` fills
@@ -230,14 +292,13 @@ type PanelKernel<'k, T> = dyn FnMut(&[&[T]], &[&[bf16]], &mut [f32]) -> Result<(
 
 /// Rows `o0..o1` of a panel-layout matrix for a few tokens: [`simd::DECODE_PANELS`] panels at
 /// a time, token groups of up to [`DIRECT_MAX`], each group's sums from `kernel`.
-fn decode_panels<'x, T>(
-    row: &dyn Fn(usize) -> &'x [T],
-    tokens: usize,
-    w: &MatRef<'_>,
-    (o0, o1): (usize, usize),
+fn decode_panels<T>(
+    x: TileRows<'_, '_, T>,
+    tile: Tile<'_, '_>,
     kernel: &mut PanelKernel<'_, T>,
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
+    let (TileRows { row, tokens }, Tile { w, o0, o1 }) = (x, tile);
     const MOST: usize = simd::DECODE_PANELS;
     let part = |p: usize| panel_part(p, o0, o1);
     let (p0, p1) = (o0 / PANEL, o1.div_ceil(PANEL));
@@ -272,31 +333,27 @@ fn decode_panels<'x, T>(
 /// decode streams up to eight panels at once (`simd::pairs_panels_fma`), with the same chains, so
 /// every value is bitwise the same for any `o0..o1` split, any `tokens` and any scratch size.
 /// Another matrix form is an [`KdaError::Internal`] error (the layer checks it first).
-// The kernel contract of a projection tile, as `project_tile`.
-#[allow(clippy::too_many_arguments)]
-pub fn project_tile_pairs<'x>(
+pub fn project_tile_pairs(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'x [u32],
-    tokens: usize,
-    w: &MatRef<'_>,
-    o0: usize,
-    o1: usize,
+    x: TileRows<'_, '_, u32>,
+    tile: Tile<'_, '_>,
     scratch: &mut [f32],
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
+    let (tokens, w) = (x.tokens, tile.w);
     if !(w.is_panels() && matches!(w.data(), Data::Bf16(_))) {
         return Err(KdaError::Internal {
             what: "bf16 projections need bf16 panel-layout weights",
         });
     }
     if tokens > DIRECT_MAX && scratch.len() >= PANEL * 6 {
-        return prefill_pairs(isa, row, tokens, w, (o0, o1), scratch, store);
+        return prefill_pairs(isa, x, tile, scratch, store);
     }
     let n = w.cols();
     let mut kernel = |xs: &[&[u32]], panels: &[&[bf16]], acc: &mut [f32]| {
         simd::pairs_panels_fma(isa, xs, panels, simd::PairSteps::all(n), acc)
     };
-    decode_panels(row, tokens, w, (o0, o1), &mut kernel, store)
+    decode_panels(x, tile, &mut kernel, store)
 }
 
 /// Rows `lo..hi` of panel `p` (rows `16p..16p + 16`) that fall in `o0..o1`, as offsets within
@@ -313,16 +370,14 @@ const GROUP: usize = 4;
 
 /// The prefill of [`project_panels`]: [`prefill_groups`] with the f32 GEMM straight from the
 /// bf16 panels (`simd::panel_fma_bf16`: no packing, no transposes).
-fn prefill_panels<'x>(
+fn prefill_panels(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'x [f32],
-    tokens: usize,
-    w: &MatRef<'_>,
-    tile: (usize, usize),
+    x: TileRows<'_, '_>,
+    tile: Tile<'_, '_>,
     scratch: &mut [f32],
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
-    let n = w.cols();
+    let n = tile.w.cols();
     let mut kernel =
         |xs: &[&[f32]], (k0, k1), panels: &[&[bf16]], acc: Acc<'_>, ahead: &[&[bf16]]| {
             let mut steps: [&[bf16]; GROUP] = [&[]; GROUP];
@@ -334,27 +389,25 @@ fn prefill_panels<'x>(
             simd::panel_fma_bf16(isa, xs, (k0, k1), &steps[..panels.len()], acc, ahead)
         };
     let steps = (1, n);
-    prefill_groups(row, tokens, w, tile, scratch, steps, &mut kernel, store)
+    prefill_groups(x, tile, scratch, steps, &mut kernel, store)
 }
 
 /// The prefill of [`project_tile_pairs`]: [`prefill_groups`] with the bf16 pair GEMM
 /// (`simd::pairs_panel_fma`), k-blocks of [`KC`] / 2 pairs.
-fn prefill_pairs<'x>(
+fn prefill_pairs(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'x [u32],
-    tokens: usize,
-    w: &MatRef<'_>,
-    tile: (usize, usize),
+    x: TileRows<'_, '_, u32>,
+    tile: Tile<'_, '_>,
     scratch: &mut [f32],
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
-    let n = w.cols();
+    let n = tile.w.cols();
     let mut kernel =
         |xs: &[&[u32]], (j0, j1), panels: &[&[bf16]], acc: Acc<'_>, ahead: &[&[bf16]]| {
             simd::pairs_panel_fma(isa, xs, simd::PairSteps { j0, j1, n }, panels, acc, ahead)
         };
     let steps = (2, n.div_ceil(2));
-    prefill_groups(row, tokens, w, tile, scratch, steps, &mut kernel, store)
+    prefill_groups(x, tile, scratch, steps, &mut kernel, store)
 }
 
 /// Accumulators `acc[t·ld + c]` and their token stride `ld`.
@@ -374,19 +427,15 @@ type GroupKernel<'k, 'x, T> = dyn FnMut(&[&'x [T]], (usize, usize), &[&[bf16]], 
 /// next group's panels are prefetched k-block by k-block while the first token block runs,
 /// spread over its steps by the kernel.
 /// The kernel counts the reduction in units of `unit` steps (`units` in all).
-// The tile's inputs, matrix, rows and scratch, the kernel's units and the kernel itself, and
-// the store callback.
-#[allow(clippy::too_many_arguments)]
 fn prefill_groups<'x, T>(
-    row: &dyn Fn(usize) -> &'x [T],
-    tokens: usize,
-    w: &MatRef<'_>,
-    (o0, o1): (usize, usize),
+    x: TileRows<'_, 'x, T>,
+    tile: Tile<'_, '_>,
     scratch: &mut [f32],
     (unit, units): (usize, usize),
     kernel: &mut GroupKernel<'_, 'x, T>,
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
+    let (TileRows { row, tokens }, Tile { w, o0, o1 }) = (x, tile);
     let group = if scratch.len() >= GROUP * PANEL * 64 {
         GROUP
     } else {
@@ -450,15 +499,13 @@ fn prefill_groups<'x, T>(
 }
 
 /// Up to 32 rows straight from the weight rows, up to four tokens at a time.
-fn direct<'x>(
+fn direct(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'x [f32],
-    tokens: usize,
-    n: usize,
-    ws: simd::Rows<'_, '_>,
-    mr: usize,
+    x: TileRows<'_, '_>,
+    rows: RowBlock<'_, '_>,
     put: &mut Put<'_>,
 ) -> Result<(), KdaError> {
+    let (TileRows { row, tokens }, RowBlock { ws, n, mr }) = (x, rows);
     let mut acc = [0.0f32; DIRECT * DIRECT_MAX];
     token_groups(row, tokens, &mut |t0, xs| {
         acc.fill(0.0);
@@ -490,20 +537,15 @@ fn token_groups<'x, T>(
 
 /// One tile of up to 16 weight rows as a packed GEMM: per k-block, one panel for up to [`TB`]
 /// tokens.
-// The kernel contract of a projection tile: ISA, input rows and their count, the matrix, the
-// output rows o0..o1, scratch and the store callback (one call per tile, not per element).
-#[allow(clippy::too_many_arguments)]
-fn packed<'x>(
+fn packed(
     isa: Isa,
-    row: &dyn Fn(usize) -> &'x [f32],
-    tokens: usize,
-    n: usize,
-    ws: simd::Rows<'_, '_>,
-    mr: usize,
+    x: TileRows<'_, '_>,
+    rows: RowBlock<'_, '_>,
     scratch: &mut [f32],
     fetch: &dyn Fn(usize, usize),
     put: &mut Put<'_>,
 ) -> Result<(), KdaError> {
+    let (TileRows { row, tokens }, RowBlock { ws, n, mr }) = (x, rows);
     let avail = scratch.len() / PANEL;
     // With room for the whole reduction, the tile's rows are packed once, read start to end
     // (long streams for the prefetchers), and serve every token; else one k-block at a time.
@@ -622,7 +664,16 @@ pub fn linear_with(isa: Isa, x: &[f32], w: &MatRef<'_>, out: &mut [f32]) -> Resu
         out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v);
         Ok(())
     };
-    project_tile(isa, &row, rows, w, 0, n_out, &mut scratch, &mut store)
+    let x = TileRows {
+        row: &row,
+        tokens: rows,
+    };
+    let tile = Tile {
+        w,
+        o0: 0,
+        o1: n_out,
+    };
+    project_tile(isa, x, tile, &mut scratch, &mut store)
 }
 
 #[cfg(test)]
@@ -688,8 +739,9 @@ mod tests {
                                 out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v);
                                 Ok(())
                             };
-                            project_tile(isa, &row, tokens, m, o0, o1, &mut scratch, &mut store)
-                                .unwrap();
+                            let x = TileRows { row: &row, tokens };
+                            let tile = Tile { w: m, o0, o1 };
+                            project_tile(isa, x, tile, &mut scratch, &mut store).unwrap();
                             out
                         };
                         let (a, b) = (run(&rows), run(&panels));
@@ -739,8 +791,9 @@ mod tests {
                     out[t * n_out + o..t * n_out + o + v.len()].copy_from_slice(v);
                     Ok(())
                 };
-                project_tile_pairs(isa, &row, tokens, &panels, o0, o1, &mut scratch, &mut store)
-                    .map(|_| out)
+                let x = TileRows { row: &row, tokens };
+                let tile = Tile { w: &panels, o0, o1 };
+                project_tile_pairs(isa, x, tile, &mut scratch, &mut store).map(|_| out)
             };
             let want = run(Isa::Portable, 300, (0, n_out), 0).unwrap();
             for isa in Isa::all_supported() {
@@ -765,7 +818,16 @@ mod tests {
                 }
             }
             let mut store = |_: usize, _: usize, _: &[f32]| Ok(());
-            let err = project_tile_pairs(Isa::Portable, &row, 1, &rows, 0, 1, &mut [], &mut store);
+            let x = TileRows {
+                row: &row,
+                tokens: 1,
+            };
+            let tile = Tile {
+                w: &rows,
+                o0: 0,
+                o1: 1,
+            };
+            let err = project_tile_pairs(Isa::Portable, x, tile, &mut [], &mut store);
             assert!(matches!(err, Err(KdaError::Internal { .. })));
         }
     }

@@ -204,24 +204,43 @@ fn write_and_read(isa: Isa, state: &mut [f32], t: &Token<'_>, v: &mut [f32], out
     simd::write_read_rows(isa, state, t.k, v, (t.q, t.scale), out);
 }
 
-/// Runs the recurrence over `T` tokens of one sequence for all heads, the layout of fla's
-/// `naive_recurrent_kda` with batch 1: `q`, `k`, `g` `[T, H, K]`, `v` `[T, H, V]` (overwritten
-/// with δ), `beta` `[T, H]`, `state` `[H, K, V]` in/out, `out` `[T, H, V]`.
-// Ten arguments: fla's `naive_recurrent_kda` signature (its arrays, head count and head dim),
-// which the component fixtures call it with.
-#[allow(clippy::too_many_arguments)]
+/// One sequence's rows for all heads in the layout of fla's `naive_recurrent_kda` with batch 1:
+/// `q`, `k`, `g` `[T, H, K]`, `v` `[T, H, V]` (overwritten with δ), `beta` `[T, H]`, `state`
+/// `[H, K, V]` in/out.
+#[derive(Debug)]
+pub struct SequenceRows<'a> {
+    /// `[T, H, K]` queries (L2-normalised).
+    pub q: &'a [f32],
+    /// `[T, H, K]` keys (L2-normalised).
+    pub k: &'a [f32],
+    /// `[T, H, V]` values in, the innovations `δ` out.
+    pub v: &'a mut [f32],
+    /// `[T, H, K]` log-decays (≤ 0).
+    pub g: &'a [f32],
+    /// `[T, H]` write strengths.
+    pub beta: &'a [f32],
+    /// `[H, K, V]` K-first states: initial in, final out.
+    pub state: &'a mut [f32],
+}
+
+/// Runs the recurrence over `T` tokens of one sequence for all heads, fla's
+/// `naive_recurrent_kda` with batch 1: `rows` ([`SequenceRows`]) of `heads` heads of key and
+/// value dim `head_dim`, queries scaled by `scale`; `out` `[T, H, V]`.
 pub fn recurrent_sequence(
-    q: &[f32],
-    k: &[f32],
-    v: &mut [f32],
-    g: &[f32],
-    beta: &[f32],
+    rows: SequenceRows<'_>,
     heads: usize,
     head_dim: usize,
     scale: f32,
-    state: &mut [f32],
     out: &mut [f32],
 ) -> Result<(), KdaError> {
+    let SequenceRows {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+    } = rows;
     let hk = heads
         .checked_mul(head_dim)
         .ok_or(KdaError::Overflow { what: "recurrence" })?;

@@ -1,5 +1,5 @@
-//! x86-64 AVX2 + FMA: the [`Simd`] mapping (8 lanes, 16 registers) and the kernels'
-//! entry points. Everything ISA-specific for this path is in this file.
+//! x86-64 AVX2 + FMA: the [`Simd`] mapping (8 lanes, 16 registers). The kernel files make
+//! their entry points over it (`simd::instantiate!`).
 
 use core::arch::x86_64::*;
 
@@ -197,5 +197,3 @@ impl Simd for Avx2 {
         tile[j]
     }
 }
-
-super::kernels::instantiate!(Avx2::new_unchecked(), "avx2,fma");

@@ -1,6 +1,7 @@
-//! x86-64 AVX-512F: the [`Simd`] mapping (16 lanes, 32 registers) and the kernels' entry
-//! points. Every AVX-512F CPU also has AVX2 and FMA; the 16×16 tile transpose is four
-//! rounds of 512-bit shuffles.
+//! x86-64 AVX-512F: the [`Simd`] mapping (16 lanes, 32 registers), over which the kernel
+//! files make their entry points (`simd::instantiate!`), and the CPUID check of the cores
+//! that split each 512-bit FMA in two (Zen 4), which some block sizes follow. Every AVX-512F
+//! CPU also has AVX2 and FMA; the 16×16 tile transpose is four rounds of 512-bit shuffles.
 //!
 //! Two tokens share the mapping: `Avx512<false>` (AVX-512F) and `Avx512<true>` (also
 //! AVX512BW and AVX512_BF16), whose bf16 pair operations are `vpermw`, `vdpbf16ps` and
@@ -47,7 +48,7 @@ unsafe fn interleave_index() -> __m512i {
 /// The 16×16 transpose of `r` (row `i` in `r[i]`; column `j` in the result's `j`): pairs of
 /// rows interleaved, then 4×4 blocks within each 128-bit lane, then 128-bit lanes across
 /// groups of rows 4 apart and 8 apart. 64 shuffles of whole vectors (the four 8×8 quarters
-/// through AVX2 and their joins took 112 and were slower: PERFORMANCE.md, twenty-fourth session).
+/// through AVX2 and their joins took 112 and were slower: PERFORMANCE.md, 2026-12-05, af6b3e6).
 #[inline(always)]
 unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     // Lane `4L + m` of `t[2i]`/`t[2i + 1]`: rows 2i, 2i+1 of columns 4L + {0, 1} / {2, 3}.
@@ -106,7 +107,7 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
 
     #[inline(always)]
     fn prefill_panels(self) -> usize {
-        if super::split_512_bit_fma() {
+        if split_512_bit_fma() {
             1
         } else {
             Self::PREFILL_PANELS
@@ -115,7 +116,7 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
 
     #[inline(always)]
     fn split_fma_gemms(self) -> bool {
-        super::split_512_bit_fma()
+        split_512_bit_fma()
     }
 
     #[inline(always)]
@@ -247,13 +248,66 @@ impl<const BF16: bool> Simd for Avx512<BF16> {
     }
 }
 
-super::kernels::instantiate!(Avx512::<false>::new_unchecked(), "avx512f,avx2,fma");
+/// Whether this CPU runs each 512-bit FMA as two 256-bit halves: AMD family 19h (Zen 4; Zen 3,
+/// the same family, has no AVX-512). Read once with CPUID and kept; on other x86-64 CPUs (Zen 5,
+/// Intel) false.
+fn split_512_bit_fma() -> bool {
+    use core::sync::atomic::{AtomicU8, Ordering};
+    // 0: not read yet, 1: no, 2: yes.
+    static SPLIT: AtomicU8 = AtomicU8::new(0);
+    match SPLIT.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let split = amd_family() == Some(0x19);
+            SPLIT.store(if split { 2 } else { 1 }, Ordering::Relaxed);
+            split
+        }
+    }
+}
 
-/// The kernels' entry points for `Avx512<true>` (AVX-512F with AVX512BW and AVX512_BF16).
-pub(crate) mod with_bf16 {
-    use super::Avx512;
-    crate::simd::kernels::instantiate!(
-        Avx512::<true>::new_unchecked(),
-        "avx512f,avx512bw,avx512bf16,avx2,fma"
-    );
+/// The CPU family (CPUID leaf 1, with the extended family) on an AMD CPU; `None` elsewhere.
+fn amd_family() -> Option<u32> {
+    // SAFETY: CPUID leaves 0 and 1 exist on every x86-64 CPU (`__cpuid` is a safe function
+    // in newer Rust, hence the `allow`).
+    #[allow(unused_unsafe)]
+    let (vendor, signature) = unsafe {
+        let v = core::arch::x86_64::__cpuid(0);
+        ([v.ebx, v.edx, v.ecx], core::arch::x86_64::__cpuid(1).eax)
+    };
+    // "AuthenticAMD" as CPUID returns it.
+    if vendor != [0x6874_7541, 0x6974_6e65, 0x444d_4163] {
+        return None;
+    }
+    let base = (signature >> 8) & 0xf;
+    Some(if base == 0xf {
+        base + ((signature >> 20) & 0xff)
+    } else {
+        base
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CPUID's vendor and family, as read by [`amd_family`], agree with what Linux reports.
+    #[test]
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    fn amd_family_matches_proc_cpuinfo() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            println!("skipped: no /proc/cpuinfo");
+            return;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find(|l| l.split(':').next().map(str::trim) == Some(name))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        };
+        let family: Option<u32> = field("cpu family").and_then(|f| f.parse().ok());
+        let amd = field("vendor_id").as_deref() == Some("AuthenticAMD");
+        assert_eq!(amd_family(), family.filter(|_| amd));
+        assert_eq!(split_512_bit_fma(), amd && family == Some(0x19));
+    }
 }

@@ -1,6 +1,6 @@
-//! aarch64 Advanced SIMD (NEON): the [`Simd`] mapping (4 lanes, 32 registers) and the
-//! kernels' entry points. NEON is part of every aarch64 target (Linux, Apple), so there is
-//! nothing to detect.
+//! aarch64 Advanced SIMD (NEON): the [`Simd`] mapping (4 lanes, 32 registers), over which the
+//! kernel files make their entry points (`simd::instantiate!`). NEON is part of every aarch64
+//! target (Linux, Apple), so there is nothing to detect.
 
 use core::arch::aarch64::*;
 
@@ -151,5 +151,3 @@ impl Simd for Neon {
         tile[j]
     }
 }
-
-super::kernels::instantiate!(Neon::new_unchecked(), "neon");

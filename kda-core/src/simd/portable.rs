@@ -3,7 +3,7 @@
 
 use half::bf16;
 
-use super::{DIRECT, PANEL};
+use super::types::{CStart, ReadLoads, TameIn, TameOut, DECODE_LD, DIRECT, PANEL, READ_PIECE};
 
 pub(crate) use crate::math::bf16_to_f32;
 
@@ -77,30 +77,24 @@ pub(super) fn softplus_scaled(x: &mut [f32], c: f32) {
     }
 }
 
-/// Sets `C` to its start value (see [`super::CStart`]) in a pass of its own.
-pub(super) fn start_c(start: super::CStart<'_>, m: usize, n: usize, c: &mut [f32], ldc: usize) {
+/// Sets `C` to its start value (see [`CStart`]) in a pass of its own.
+pub(super) fn start_c(start: CStart<'_>, m: usize, n: usize, c: &mut [f32], ldc: usize) {
     for i in 0..m {
         let row = &mut c[i * ldc..i * ldc + n];
         match start {
-            super::CStart::Keep => {}
-            super::CStart::Zero => row.fill(0.0),
-            super::CStart::ScaledRows(f) => row.iter_mut().for_each(|x| *x *= f[i]),
+            CStart::Keep => {}
+            CStart::Zero => row.fill(0.0),
+            CStart::ScaledRows(f) => row.iter_mut().for_each(|x| *x *= f[i]),
         }
     }
 }
 
-// BLAS-style: the shape (m, n, k) and three matrices with their leading dimensions.
-#[allow(clippy::too_many_arguments)]
+/// `C += A·B` for the shape `(m, n, k)`, each matrix with its leading dimension.
 pub(super) fn gemm_acc(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    c: &mut [f32],
-    ldc: usize,
+    (m, n, k): (usize, usize, usize),
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    (c, ldc): (&mut [f32], usize),
 ) {
     for i in 0..m {
         let crow = &mut c[i * ldc..i * ldc + n];
@@ -234,15 +228,15 @@ pub(super) fn panel_fma_bf16(
 pub(super) fn panels_fma(xs: &[&[f32]], panels: &[&[bf16]], k0: usize, k1: usize, acc: &mut [f32]) {
     for (p, panel) in panels.iter().enumerate() {
         let src = &panel[k0 * PANEL..];
-        panel_fma_bf16(xs, k0, k1, src, &mut acc[p * PANEL..], super::DECODE_LD);
+        panel_fma_bf16(xs, k0, k1, src, &mut acc[p * PANEL..], DECODE_LD);
     }
 }
 
-/// [`super::kernels::read_sum`]'s pattern in scalar code.
-pub(super) fn read_sum(data: &[f32], streams: usize, loads: super::ReadLoads) -> f32 {
+/// [`super::probes::kernels::read_sum`]'s pattern in scalar code.
+pub(super) fn read_sum(data: &[f32], streams: usize, loads: ReadLoads) -> f32 {
     match loads {
-        super::ReadLoads::Widest => read_streams(data, streams, |v| *v),
-        super::ReadLoads::Bf16 => {
+        ReadLoads::Widest => read_streams(data, streams, |v| *v),
+        ReadLoads::Bf16 => {
             let halves: &[u16] = bytemuck::cast_slice(data);
             read_streams(halves, streams, |&h| half::bf16::from_bits(h).to_f32())
         }
@@ -251,7 +245,7 @@ pub(super) fn read_sum(data: &[f32], streams: usize, loads: super::ReadLoads) ->
 
 /// [`read_sum`] over elements of any type, each read as `f32` by `value`.
 fn read_streams<T>(data: &[T], streams: usize, value: impl Fn(&T) -> f32) -> f32 {
-    let piece = super::kernels::READ_PIECE * 4 / core::mem::size_of::<T>();
+    let piece = READ_PIECE * 4 / core::mem::size_of::<T>();
     let streams = streams.max(1);
     let region = data.len() / streams / piece * piece;
     let mut acc = 0.0f32;
@@ -266,7 +260,7 @@ fn read_streams<T>(data: &[T], streams: usize, value: impl Fn(&T) -> f32) -> f32
     acc + data[streams * region..].iter().map(&value).sum::<f32>()
 }
 
-/// [`super::kernels::fma_peak`] in scalar code: 32 independent chains.
+/// [`super::probes::kernels::fma_peak`] in scalar code: 32 independent chains.
 pub(super) fn fma_peak(iters: usize) -> (usize, f32) {
     let mut acc = [1.0f32; 32];
     let (m, a) = (
@@ -323,15 +317,15 @@ pub(super) fn round_pairs_row(x: &[f32], out: &mut [u32]) {
 }
 
 /// The reference of [`super::tame_rows`]: `libm`'s `exp`.
-pub(super) fn tame_rows(i: &super::TameIn<'_>, o: &mut super::TameOut<'_>) -> bool {
+pub(super) fn tame_rows(i: &TameIn<'_>, o: &mut TameOut<'_>) -> bool {
     tame_rows_with(i, o, libm::expf)
 }
 
 /// [`tame_rows`] with the given `exp`: column by column, the rows inner (the tests pass a
 /// vector path's `exp`, which makes it that path's bits).
 pub(super) fn tame_rows_with(
-    i: &super::TameIn<'_>,
-    o: &mut super::TameOut<'_>,
+    i: &TameIn<'_>,
+    o: &mut TameOut<'_>,
     exp: impl Fn(f32) -> f32,
 ) -> bool {
     let (l, kd) = (i.rows, i.dim);

@@ -4,9 +4,10 @@
 //! An instruction set is a zero-sized *token* type implementing [`Simd`]. A token can only be
 //! made where the CPU has the instruction set (its constructor is `unsafe`), so the trait's
 //! arithmetic is safe to call; loads and stores take raw pointers and are `unsafe`. Kernels
-//! (`kernels.rs`) are generic over the token and `#[inline(always)]`; each ISA file
-//! instantiates them inside one `#[target_feature]` function per kernel, where everything
-//! inlines into straight vector code.
+//! (the `kernels` module of each kernel file) are generic over the token and
+//! `#[inline(always)]`; each kernel file instantiates them for every token inside one
+//! `#[target_feature]` function per kernel (`simd::instantiate!`), where everything inlines
+//! into straight vector code.
 //!
 //! What an ISA provides is deliberately small: width, load/store (f32 and widened bf16),
 //! add/mul/fused multiply-add, clamp, round, 2ⁿ, a flush, a horizontal sum and a
@@ -36,8 +37,8 @@ pub(crate) trait Simd: Copy {
     /// Panels of 16 outputs per register block of the packed projection GEMMs (`panel_fma`,
     /// `pairs_panel_fma`): 1, or 2 where each broadcast input then feeds two panels' vectors
     /// (AVX-512: `PANEL_TOKENS` × 2 accumulators of the 32 registers, half the loads per
-    /// multiply-add, which a core with two full-width 512-bit FMA pipes needs; README,
-    /// sixteenth session).
+    /// multiply-add, which a core with two full-width 512-bit FMA pipes needs; PERFORMANCE.md,
+    /// 2026-12-03, Zen 5, 6046202).
     const PREFILL_PANELS: usize = 1;
     /// Rows per block of the small dense GEMM (`gemm_acc`): 6 or 12.
     const GEMM_ROWS: usize;
@@ -58,7 +59,7 @@ pub(crate) trait Simd: Copy {
 
     /// [`Simd::PREFILL_PANELS`] on the CPU this runs on: the AVX-512 paths take 1 on a core
     /// that runs each 512-bit FMA as two 256-bit halves (AMD Zen 4), where one panel per block
-    /// was measured 9 % faster than two (PERFORMANCE.md, twenty-first session).
+    /// was measured 9 % faster than two (PERFORMANCE.md, 2026-12-04, 40d0a13).
     #[inline(always)]
     fn prefill_panels(self) -> usize {
         Self::PREFILL_PANELS
@@ -69,7 +70,7 @@ pub(crate) trait Simd: Copy {
     /// state update) in blocks of 4 rows × 4 vectors, row blocks outer, instead of the usual
     /// column panels (the update 16 % faster), and every register block summing its products
     /// from zero and adding `C`'s start value at the end, instead of starting its chains from
-    /// `C` (6 % of that; PERFORMANCE.md, twenty-second session). Elsewhere unmeasured, so left
+    /// `C` (6 % of that; PERFORMANCE.md, 2026-12-04, 3940b65). Elsewhere unmeasured, so left
     /// as it was. The late start changes the rounding, not the accuracy.
     #[inline(always)]
     fn split_fma_gemms(self) -> bool {
@@ -409,6 +410,32 @@ pub(crate) unsafe fn column<S: Simd, W: Elem>(s: S, rows: &[*const W], k: usize)
         *b = (*r.add(k)).widen();
     }
     s.load(buf.as_ptr())
+}
+
+/// The first `n` (`1..=LANES`) floats at `p`: a whole load when `n == LANES`.
+///
+/// # Safety
+/// `p` is valid for reading `n` f32.
+#[inline(always)]
+pub(crate) unsafe fn load_upto<S: Simd>(s: S, p: *const f32, n: usize) -> S::F {
+    if n == S::LANES {
+        s.load(p)
+    } else {
+        s.load_partial(p, n)
+    }
+}
+
+/// Stores the first `n` (`1..=LANES`) lanes of `v` at `p`: a whole store when `n == LANES`.
+///
+/// # Safety
+/// `p` is valid for writing `n` f32.
+#[inline(always)]
+pub(crate) unsafe fn store_upto<S: Simd>(s: S, p: *mut f32, n: usize, v: S::F) {
+    if n == S::LANES {
+        s.store(p, v)
+    } else {
+        s.store_partial(p, n, v)
+    }
 }
 
 /// `e^x`: `x = n·ln2 + r` with `|r| ≤ ln2/2`, the Cephes degree-6 polynomial in `r`, `2ⁿ`

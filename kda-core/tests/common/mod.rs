@@ -318,11 +318,13 @@ impl Parser<'_> {
     }
 }
 
-/// One fixture file: f32 tensors (bf16 widened), i64 tensors, metadata.
+/// One fixture file: f32 tensors (bf16 widened), i64, u8 and f64 tensors, metadata.
 pub struct Fixture {
     pub name: String,
     pub f: HashMap<String, (Vec<usize>, Vec<f32>)>,
     pub i: HashMap<String, Vec<i64>>,
+    pub u8: HashMap<String, (Vec<usize>, Vec<u8>)>,
+    pub f64: HashMap<String, Vec<f64>>,
     pub meta: HashMap<String, String>,
 }
 
@@ -356,6 +358,7 @@ impl Fixture {
         .value();
         let data = &bytes[8 + n..];
         let (mut f, mut i, mut meta) = (HashMap::new(), HashMap::new(), HashMap::new());
+        let (mut u8s, mut f64s) = (HashMap::new(), HashMap::new());
         let Json::Obj(entries) = header else {
             panic!("header")
         };
@@ -394,6 +397,17 @@ impl Fixture {
                             .collect(),
                     );
                 }
+                "U8" => {
+                    u8s.insert(k, (shape, raw.to_vec()));
+                }
+                "F64" => {
+                    f64s.insert(
+                        k,
+                        raw.chunks_exact(8)
+                            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                            .collect(),
+                    );
+                }
                 d => panic!("{name}: dtype {d}"),
             }
         }
@@ -401,6 +415,8 @@ impl Fixture {
             name: name.into(),
             f,
             i,
+            u8: u8s,
+            f64: f64s,
             meta,
         }
     }

@@ -3,6 +3,7 @@
 //! Every failure exits non-zero with one line on stderr, starting `error:` and naming the file,
 //! tensor or option at fault.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -18,6 +19,7 @@ use kda_host::cli::{self, Cli, Command, LayoutArg, DEMO_HIDDEN};
 use kda_host::error::Context;
 use kda_host::fsio::{self, FileId};
 use kda_host::io::{stage_output, Input};
+use kda_host::quantize::{quantize, QuantizeOptions};
 use kda_host::rng::Rng;
 use kda_host::state_file::{read_state, stage_snapshots, stage_state};
 use kda_host::{
@@ -235,6 +237,43 @@ fn inspect(dir: &Path) -> Result<(), HostError> {
                 format!(", {copied} tensors copied (misaligned)")
             }
         );
+        print_matrix_formats(&model, l.index)?;
+    }
+    Ok(())
+}
+
+/// One line per matrix of model layer `index`: name, shape, storage format, bits per weight.
+fn print_matrix_formats(model: &Model, index: usize) -> Result<(), HostError> {
+    use kda_host::format_label::{bits_per_weight, format_label};
+    let (_, w) = model.weights(index)?;
+    let mut mats = vec![
+        ("q_proj", w.q_proj),
+        ("k_proj", w.k_proj),
+        ("v_proj", w.v_proj),
+    ];
+    for (g, names) in [
+        (&w.decay_proj, ["f_proj", "f_a_proj", "f_b_proj"]),
+        (&w.output_gate, ["g_proj", "g_a_proj", "g_b_proj"]),
+    ] {
+        match g {
+            kda_core::GateWeights::FullRank(m) => mats.push((names[0], *m)),
+            kda_core::GateWeights::LowRank { down, up } => {
+                mats.push((names[1], *down));
+                mats.push((names[2], *up));
+            }
+        }
+    }
+    mats.push(("b_proj", w.b_proj));
+    mats.push(("o_proj", w.o_proj));
+    for (name, m) in mats {
+        let d = m.data();
+        println!(
+            "  {name:<8} [{}, {}]  {}  {:.2} bits/weight",
+            m.rows(),
+            m.cols(),
+            format_label(&d),
+            bits_per_weight(&d)
+        );
     }
     Ok(())
 }
@@ -430,6 +469,23 @@ fn run(cli: Cli) -> Result<(), HostError> {
             precision,
             snapshots: snapshot_every.zip(snapshots.as_deref()),
         }),
+        Command::Quantize {
+            model,
+            out,
+            qtype,
+            layers,
+            threads,
+        } => {
+            let pool = thread_pool(threads)?;
+            let opts = QuantizeOptions {
+                model,
+                out,
+                output: qtype.into(),
+                layers: layers.map(|l| l.0),
+                progress: std::io::stderr().is_terminal(),
+            };
+            pool.install(|| quantize_cmd(&opts))
+        }
         Command::Bench {
             preset,
             prompt,
@@ -461,6 +517,33 @@ fn run(cli: Cli) -> Result<(), HostError> {
     }
 }
 
+fn quantize_cmd(opts: &QuantizeOptions) -> Result<(), HostError> {
+    let t = Instant::now();
+    let r = quantize(opts)?;
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let bytes: u64 = r.tensors.iter().map(|t| t.bytes).sum();
+    let source: usize = r.tensors.iter().map(|t| t.source_bytes).sum();
+    let types: Vec<String> = r
+        .type_counts()
+        .iter()
+        .map(|(n, c)| format!("{c} {n}"))
+        .collect();
+    let layers: Vec<String> = r.layers.iter().map(usize::to_string).collect();
+    println!(
+        "{}: {} KDA layers ({}), {} tensors ({}); {:.2} MiB from {:.2} MiB, matrices {:.2} bits per weight; {:.1} s",
+        opts.out.display(),
+        r.layers.len(),
+        layers.join(","),
+        r.tensors.len(),
+        types.join(", "),
+        mib(bytes as f64),
+        mib(source as f64),
+        r.matrix_bits_per_weight(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// One line: newlines and runs of spaces collapsed.
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -490,7 +573,7 @@ fn main() -> ExitCode {
                 }
                 ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
                 | ErrorKind::MissingSubcommand => {
-                    eprintln!("error: a command is required (demo, inspect, forward, bench); see `kda --help`");
+                    eprintln!("error: a command is required (demo, inspect, forward, quantize, bench); see `kda --help`");
                     ExitCode::from(2)
                 }
                 _ => {

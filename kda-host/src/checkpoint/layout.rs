@@ -20,6 +20,7 @@ use std::ops::Range;
 
 use kda_core::{Data, GateWeights, KdaConfig, KdaWeights, MatRef};
 
+use super::ct::views::{GroupSpec, GroupViews};
 use super::safetensors::{view_in_place, FloatDtype, FloatVec, SafetensorsFile};
 use crate::error::{HostError, Result};
 
@@ -35,6 +36,9 @@ pub enum Storage {
     },
     /// Copied out (the bytes were misaligned for the element type).
     Copied(FloatVec),
+    /// compressed-tensors `pack-quantized` groups, in place (matrices only; see
+    /// [`super::ct`]).
+    Groups(Box<GroupSpec>),
 }
 
 /// One weight tensor of a loaded layer.
@@ -42,9 +46,9 @@ pub enum Storage {
 pub struct WeightTensor {
     /// Full name in the checkpoint.
     pub name: String,
-    /// Stored dtype.
+    /// Stored dtype (of the scales, for quantised groups).
     pub dtype: FloatDtype,
-    /// Stored shape.
+    /// Stored shape (the logical `[rows, cols]` for quantised groups).
     pub shape: Vec<usize>,
     /// Elements used (all of them, except for a padded `A_log`).
     pub used: usize,
@@ -67,23 +71,55 @@ impl WeightTensor {
                         self.name
                     ))
                 }),
+            Storage::Groups(_) => Err(HostError::Invalid(format!(
+                "internal: quantised tensor `{}` used as a vector",
+                self.name
+            ))),
         }
     }
 
     /// Bytes of the values used.
     pub fn bytes(&self) -> usize {
-        self.used * self.dtype.size()
+        match &self.storage {
+            Storage::Groups(g) => g.stored_bytes(),
+            _ => self.used * self.dtype.size(),
+        }
     }
 
     /// True when the values are used in place (not copied).
     pub fn in_place(&self) -> bool {
-        matches!(self.storage, Storage::InPlace { .. })
+        matches!(self.storage, Storage::InPlace { .. } | Storage::Groups(_))
     }
 
-    fn mat<'a>(&'a self, files: &'a [SafetensorsFile], name: &'static str) -> Result<MatRef<'a>> {
+    fn mat<'a>(&'a self, src: Src<'a>, name: &'static str) -> Result<MatRef<'a>> {
         let rows = self.shape.first().copied().unwrap_or(1);
         let cols = self.shape.iter().skip(1).product();
-        Ok(MatRef::new(name, self.data(files)?, rows, cols)?)
+        let data = match &self.storage {
+            Storage::Groups(g) => Data::Groups(src.groups.get(g)?.all_rows()),
+            _ => self.data(src.files)?,
+        };
+        Ok(MatRef::new(name, data, rows, cols)?)
+    }
+}
+
+/// What a layer's weights are borrowed from: the model's files and the views of its
+/// quantised matrices.
+#[derive(Debug, Clone, Copy)]
+pub struct Src<'a> {
+    /// The weight files.
+    pub files: &'a [SafetensorsFile],
+    /// The quantised matrices' views.
+    pub groups: &'a GroupViews<'a>,
+}
+
+impl<'a> Src<'a> {
+    /// Files with no quantised matrices.
+    pub fn files(files: &'a [SafetensorsFile]) -> Self {
+        const NONE: &GroupViews<'static> = &GroupViews::EMPTY;
+        Src {
+            files,
+            groups: NONE,
+        }
     }
 }
 
@@ -97,16 +133,12 @@ pub enum GateTensors {
 }
 
 impl GateTensors {
-    fn view<'a>(
-        &'a self,
-        files: &'a [SafetensorsFile],
-        names: [&'static str; 3],
-    ) -> Result<GateWeights<'a>> {
+    fn view<'a>(&'a self, src: Src<'a>, names: [&'static str; 3]) -> Result<GateWeights<'a>> {
         Ok(match self {
-            GateTensors::FullRank(m) => GateWeights::FullRank(m.mat(files, names[0])?),
+            GateTensors::FullRank(m) => GateWeights::FullRank(m.mat(src, names[0])?),
             GateTensors::LowRank(a, b) => GateWeights::LowRank {
-                down: a.mat(files, names[1])?,
-                up: b.mat(files, names[2])?,
+                down: a.mat(src, names[1])?,
+                up: b.mat(src, names[2])?,
             },
         })
     }
@@ -158,31 +190,26 @@ impl LayerTensors {
     }
 
     /// Borrowed views for the core (checked against `cfg`).
-    pub fn weights<'a>(
-        &'a self,
-        cfg: &KdaConfig,
-        files: &'a [SafetensorsFile],
-    ) -> Result<KdaWeights<'a>> {
+    pub fn weights<'a>(&'a self, cfg: &KdaConfig, src: Src<'a>) -> Result<KdaWeights<'a>> {
+        let files = src.files;
         let w = KdaWeights {
-            q_proj: self.qkv[0].mat(files, "q_proj.weight")?,
-            k_proj: self.qkv[1].mat(files, "k_proj.weight")?,
-            v_proj: self.qkv[2].mat(files, "v_proj.weight")?,
+            q_proj: self.qkv[0].mat(src, "q_proj.weight")?,
+            k_proj: self.qkv[1].mat(src, "k_proj.weight")?,
+            v_proj: self.qkv[2].mat(src, "v_proj.weight")?,
             q_conv: self.conv[0].data(files)?,
             k_conv: self.conv[1].data(files)?,
             v_conv: self.conv[2].data(files)?,
             a_log: Some(self.a_log.data(files)?),
             dt_bias: Some(self.dt_bias.data(files)?),
-            decay_proj: self.decay_proj.view(
-                files,
-                ["f_proj.weight", "f_a_proj.weight", "f_b_proj.weight"],
-            )?,
-            b_proj: self.b_proj.mat(files, "b_proj.weight")?,
-            output_gate: self.output_gate.view(
-                files,
-                ["g_proj.weight", "g_a_proj.weight", "g_b_proj.weight"],
-            )?,
+            decay_proj: self
+                .decay_proj
+                .view(src, ["f_proj.weight", "f_a_proj.weight", "f_b_proj.weight"])?,
+            b_proj: self.b_proj.mat(src, "b_proj.weight")?,
+            output_gate: self
+                .output_gate
+                .view(src, ["g_proj.weight", "g_a_proj.weight", "g_b_proj.weight"])?,
             o_norm: self.o_norm.data(files)?,
-            o_proj: self.o_proj.mat(files, "o_proj.weight")?,
+            o_proj: self.o_proj.mat(src, "o_proj.weight")?,
         };
         w.validate(cfg)?;
         Ok(w)

@@ -9,7 +9,9 @@
 //! what the fuzz targets drive.
 
 pub mod config;
+pub mod ct;
 pub mod export;
+pub mod gguf;
 pub mod layout;
 pub mod safetensors;
 
@@ -19,7 +21,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use self::config::{Layout, ModelConfig};
-use self::layout::{load_tensor, Dims, GateTensors, LayerTensors, Role, WeightTensor};
+use self::ct::views::{GroupSpec, GroupViews, OwnedGroups};
+use self::ct::CtConfig;
+use self::layout::{load_tensor, Dims, GateTensors, LayerTensors, Role, Src, WeightTensor};
 use self::safetensors::{Buffer, SafetensorsFile};
 use crate::error::{HostError, Result};
 use crate::fsio;
@@ -92,6 +96,10 @@ pub struct Checkpoint {
     index: Option<ShardIndex>,
     files: Vec<SafetensorsFile>,
     opened: HashMap<String, usize>,
+    /// compressed-tensors `quantization_config`, when there is one.
+    quant: Option<CtConfig>,
+    /// The quantised matrices loaded so far, in slot order.
+    group_specs: Vec<GroupSpec>,
 }
 
 impl Checkpoint {
@@ -117,6 +125,7 @@ impl Checkpoint {
         let cfg_path = dir.join(CONFIG_FILE);
         let cfg_bytes = fsio::read_regular(&cfg_path)?;
         let config = ModelConfig::parse(&cfg_bytes, &cfg_path.display().to_string())?;
+        let quant = CtConfig::parse(&cfg_bytes, &cfg_path.display().to_string())?;
         let idx_path = dir.join(INDEX_FILE);
         let single = dir.join(SINGLE_FILE);
         let index = if idx_path.exists() {
@@ -148,6 +157,8 @@ impl Checkpoint {
             index,
             files: Vec::new(),
             opened: HashMap::new(),
+            quant,
+            group_specs: Vec::new(),
         })
     }
 
@@ -158,6 +169,7 @@ impl Checkpoint {
         index: Option<&[u8]>,
         files: Vec<(String, Vec<u8>)>,
     ) -> Result<Self> {
+        let quant = CtConfig::parse(config, CONFIG_FILE)?;
         let config = ModelConfig::parse(config, CONFIG_FILE)?;
         let index = index
             .map(|b| ShardIndex::parse(b, INDEX_FILE))
@@ -169,6 +181,8 @@ impl Checkpoint {
             index,
             files: Vec::new(),
             opened: HashMap::new(),
+            quant,
+            group_specs: Vec::new(),
         })
     }
 
@@ -314,6 +328,12 @@ impl Checkpoint {
         role: Role,
         dims: &Dims,
     ) -> Result<WeightTensor> {
+        let matrix = !matches!(role, Role::Conv | Role::ALog | Role::DtBias | Role::Norm);
+        if matrix {
+            if let Some(t) = self.quantised_matrix(prefixes, suffix, role, dims)? {
+                return Ok(t);
+            }
+        }
         let (id, name) = self.resolve(prefixes, suffix)?;
         load_tensor(&self.files[id], id, &name, role, dims)
     }
@@ -406,7 +426,12 @@ impl Checkpoint {
             o_proj,
         };
         // Everything was checked tensor by tensor; this is the core's own check on top.
-        tensors.weights(&cfg, &self.files)?;
+        let groups = GroupViews::build(&self.files, &self.group_specs)?;
+        let src = Src {
+            files: &self.files,
+            groups: &groups,
+        };
+        tensors.weights(&cfg, src)?;
         log_placement(layer, &tensors);
         Ok(ModelLayer {
             index: layer,
@@ -429,12 +454,25 @@ impl Checkpoint {
         for l in wanted {
             loaded.push(self.load_layer(l)?);
         }
-        Ok(Model::from_parts(
-            self.name,
-            self.config,
-            self.files,
-            loaded,
-        ))
+        // SAFETY: the model keeps the files (moving them moves no mapped or heap bytes) for
+        // as long as the views, never changes them, and lends the views only through `&self`.
+        #[allow(unsafe_code)]
+        let groups = unsafe { OwnedGroups::new(&self.files, self.group_specs) }?;
+        Ok(Model::from_parts(self.name, self.config, self.files, loaded).with_groups(groups))
+    }
+}
+
+/// Opening a model is reading its checkpoint: these constructors live beside the reader they
+/// run, so that `model.rs` needs nothing of this file.
+impl Model {
+    /// Loads every KDA layer of the checkpoint folder `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        Checkpoint::open(dir)?.load(None)
+    }
+
+    /// Loads the given model layers (0-based; each must be a KDA layer) of `dir`.
+    pub fn open_layers(dir: &Path, layers: &[usize]) -> Result<Self> {
+        Checkpoint::open(dir)?.load(Some(layers))
     }
 }
 

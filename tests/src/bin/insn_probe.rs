@@ -242,7 +242,7 @@ fn prefill(isa: Isa, n: usize, c: usize) -> Result<(), String> {
     };
     chunked_head(isa, rows, Chunks::of(c), &mut scratch).map_err(|e| e.to_string())?;
     let (kf, cf) = (HEAD as f64, c as f64);
-    // Multiply-adds of one chunk (ops/chunked.rs): the two S₀ products and the state update
+    // Multiply-adds of one chunk (ops/chunked/): the two S₀ products and the state update
     // (3·C·K·V), A_kk and A_qk (C²·K), the forward substitution and A_qk·Δ (C²·V).
     let macs = 3.0 * cf * kf * kf + cf * cf * kf + cf * cf * kf;
     // Bytes in and out of one chunk: q, k, g in, v in and out ([C, K] f32 each), β, and the

@@ -1,4 +1,4 @@
-//! Int8 weights: symmetric quantisation with one f32 scale per output row ([`Data::I8`]).
+//! Int8 weights: symmetric quantisation with one f32 scale per output row ([`crate::Data::I8`]).
 //!
 //! `w[o, i] ≈ scales[o] · q[o, i]` with `q ∈ [−127, 127]` and `scales[o] = max_i |w[o, i]| / 127`
 //! (a zero row gets scale 0). The rounding error of each weight is at most half a step,
