@@ -2,11 +2,14 @@
 //! getters, the array readers and `GgufSet::from_files`. A file that parses is written again by
 //! `GgufWriter::copy_of` into memory and parsed again: the same tensors (names, types, ne,
 //! offsets, byte ranges, bytes) and the same metadata (keys in order, types, values bit for
-//! bit); writing that copy once more gives the same bytes.
+//! bit); writing that copy once more gives the same bytes. Then the bytes are opened as a
+//! checkpoint and every KDA layer it holds is loaded (`Checkpoint::from_gguf_memory`,
+//! `Checkpoint::load`): a model, or a one-line error.
 #![no_main]
 
 use kda_host::checkpoint::gguf::{GgufFile, GgufSet, GgufWriter, Value};
 use kda_host::checkpoint::safetensors::Buffer;
+use kda_host::checkpoint::Checkpoint;
 use libfuzzer_sys::fuzz_target;
 
 fn one_line(r: kda_host::error::Result<()>) {
@@ -67,4 +70,9 @@ fuzz_target!(|data: &[u8]| {
     assert!(f.metadata().iter().eq(g.metadata().iter()));
     assert_eq!(rewrite(&g), copy);
     one_line(GgufSet::from_files(vec![f]).map(drop));
+    one_line(
+        Checkpoint::from_gguf_memory(vec![("fuzz.gguf".into(), data.to_vec())])
+            .and_then(|c| c.load(None))
+            .map(drop),
+    );
 });

@@ -80,15 +80,16 @@ pub enum Command {
         #[arg(long)]
         speculative: bool,
     },
-    /// Lists the KDA layers of a checkpoint folder: dims, dtypes, gate forms.
+    /// Lists the KDA layers of a checkpoint: dims, dtypes, gate forms, each matrix's format.
     Inspect {
-        /// Checkpoint folder (config.json + model.safetensors or shards with an index).
+        /// Checkpoint folder (config.json + model.safetensors or shards with an index), or a
+        /// Kimi Linear GGUF file (any file of a split set).
         dir: PathBuf,
     },
     /// Runs one KDA layer of a checkpoint over the rows of an input file.
     Forward {
-        /// Checkpoint folder.
-        #[arg(long, value_name = "DIR")]
+        /// Checkpoint folder, or a Kimi Linear GGUF file (any file of a split set).
+        #[arg(long, value_name = "DIR|FILE.gguf")]
         model: PathBuf,
         /// Model layer, 0-based (default: the first KDA layer).
         #[arg(long, value_name = "N", allow_hyphen_values = true)]

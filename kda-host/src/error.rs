@@ -67,8 +67,9 @@ pub enum HostError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A feature the checkpoint needs is not implemented (quantised KDA weights).
-    #[error("{file}: tensor `{tensor}`: {reason}; quantised KDA weights are not supported yet")]
+    /// A tensor is stored in a form kda does not read (a quantisation outside the supported
+    /// ones, or one without the config that describes it); the reason says which forms it reads.
+    #[error("{file}: tensor `{tensor}`: {reason}")]
     Unsupported {
         /// The file holding it.
         file: String,

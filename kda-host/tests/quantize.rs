@@ -1,9 +1,10 @@
 //! `kda quantize`: the GGUF it writes (names, shapes, types, metadata, bytes), the layer output
 //! of its weights against the bf16 layer, and its errors (which leave an existing OUT as it was).
 //!
-//! The GGUF is read back with kda-host's own parser and kda-core's block views: a small loader
-//! here builds the layer's weights from the file's tensors (the inverse of the converter's
-//! transforms: `A_log = ln(−ssm_a)`). Run with `--nocapture` for the rel-RMS table.
+//! The GGUF is read back with `Model::open` (kda's loader) and, as a check on it, with a small
+//! loader here that builds the layer's weights from the file's tensors (the inverse of the
+//! converter's transforms: `A_log = ln(−ssm_a)`): both give the same output, bit for bit. Run
+//! with `--nocapture` for the rel-RMS table.
 
 mod common;
 
@@ -22,7 +23,7 @@ use kda_host::layer::{OwnedData, OwnedGate, OwnedMat};
 use kda_host::quantize::mix::{choose, OutType, QuantType, Site};
 use kda_host::quantize::{quantize, Output, QuantizeOptions};
 use kda_host::rng::Rng;
-use kda_host::{OwnedLayer, Runner, SequenceCaches, WeightDtype};
+use kda_host::{Model, OwnedLayer, Runner, SequenceCaches, WeightDtype};
 
 const TYPES: [QuantType; 4] = [
     QuantType::Q8_0,
@@ -177,6 +178,15 @@ fn every_type_writes_llama_cpp_names_types_and_bytes() {
         let out = dir.path("layer2.gguf");
         run(&ckpt, &out, QuantType::Q4KM, Some(vec![2]));
         check_file(&out, &layer, QuantType::Q4KM, &[2]);
+        // A file of some layers (`kda.layers`) loads those; asking for another says so.
+        let m = Model::open(&out).unwrap();
+        assert_eq!(m.layers().len(), 1);
+        assert_eq!(m.config().kda_layers, [0, 2]);
+        let e = Model::open_layers(&out, &[0]).unwrap_err().to_string();
+        assert!(
+            e.contains("holds only KDA layers 2") && e.contains("not layer 0"),
+            "{e}"
+        );
     }
 }
 
@@ -313,9 +323,22 @@ fn layer_output_close_to_the_bf16_layer() {
         for (qt, bound) in bounds {
             let out = dir.path(&format!("{}.gguf", qt.name()));
             run(&ckpt, &out, qt, None);
+            // kda's loader, and the small reader above as a check on it: the same weights.
+            let model = Model::open(&out).unwrap();
+            assert_eq!(
+                model.layers().iter().map(|l| l.index).collect::<Vec<_>>(),
+                [0, 2]
+            );
+            let (lcfg, w) = model.weights(2).unwrap();
+            let got = forward(lcfg, w, &x);
             let f = GgufFile::open(&out).unwrap();
             let g = GgufLayer::open(&f, 2);
-            let got = forward(&cfg, g.weights(&cfg), &x);
+            assert_eq!(
+                got,
+                forward(&cfg, g.weights(&cfg), &x),
+                "{tag} {}",
+                qt.name()
+            );
             let r = rel_rms(&got, &want);
             println!(
                 "{tag} {:<7} layer output rel-RMS vs bf16: {r:.3e}",

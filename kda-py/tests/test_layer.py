@@ -87,6 +87,22 @@ def test_layer_matches_fla_fixture(name, ckpt_dir):
         assert rel_rms(saved[f"layers.0.conv_state_{s}"], want) <= TOL if want.numel() else True
 
 
+def test_gguf_layer_matches_fla(ckpt_dir):
+    """llama.cpp's converter-made Q8_0 GGUF, loaded in place, against fla on gguf-py's
+    dequantisation of its weights (tests/scripts/gen_gguf_layer_fixture.py)."""
+    t, meta = read_fixture("gguf/kimi-linear-tiny-q8_0-layer0.safetensors")
+    layer = kda.KdaLayer.from_pretrained(FIXTURES / "gguf" / meta["gguf"], layer=0)
+    assert (layer.hidden, layer.heads, layer.head_dim) == (int(meta["hidden"]), int(meta["heads"]), int(meta["head_dim"]))
+    cu = t["cu_seqlens"].tolist()
+    write_cache(t, len(cu) - 1, ckpt_dir / "gguf.cache")
+    cache = layer.load_cache(ckpt_dir / "gguf.cache")
+    y = layer.prefill(t["hidden_states"], cache, cu_seqlens=cu)
+    assert rel_rms(y, t["output"]) <= TOL
+    assert rel_rms(cache.recurrent_state(), t["final_recurrent_state"]) <= TOL
+    with pytest.raises(Exception, match="full-attention"):
+        kda.KdaLayer.from_pretrained(FIXTURES / "gguf" / meta["gguf"], layer=1)
+
+
 def _fixture_layer(ckpt_dir, name="layer_sp_lr_f32_k16_h3_t37.safetensors"):
     t, meta = read_fixture(name)
     return kda.KdaLayer.from_pretrained(write_checkpoint(t, meta, ckpt_dir / ("dec_" + name)), 0), t

@@ -377,7 +377,7 @@ fn forward(a: &ForwardArgs) -> Result<(), HostError> {
                 .context(|| format!("--layer {n}"))?;
             n
         }
-        None => *ckpt.config.kda_layers.first().ok_or_else(|| {
+        None => *ckpt.held_layers().first().ok_or_else(|| {
             HostError::Invalid(format!("{}: the config lists no KDA layers", ckpt.name()))
         })?,
     };

@@ -18,6 +18,7 @@
 
 use std::ops::Range;
 
+use kda_core::quant::{BlockFormat, Blocks};
 use kda_core::{Data, GateWeights, KdaConfig, KdaWeights, MatRef};
 
 use super::ct::views::{GroupSpec, GroupViews};
@@ -39,6 +40,16 @@ pub enum Storage {
     /// compressed-tensors `pack-quantized` groups, in place (matrices only; see
     /// [`super::ct`]).
     Groups(Box<GroupSpec>),
+    /// GGUF quantisation blocks, in place: this byte range of file number `file` (matrices
+    /// only; see [`super::gguf::load`]).
+    Blocks {
+        /// Index into the model's files.
+        file: usize,
+        /// Byte range of the blocks.
+        range: Range<usize>,
+        /// The block format.
+        format: BlockFormat,
+    },
 }
 
 /// One weight tensor of a loaded layer.
@@ -46,7 +57,7 @@ pub enum Storage {
 pub struct WeightTensor {
     /// Full name in the checkpoint.
     pub name: String,
-    /// Stored dtype (of the scales, for quantised groups).
+    /// Stored dtype (of the scales, for quantised groups and GGUF blocks).
     pub dtype: FloatDtype,
     /// Stored shape (the logical `[rows, cols]` for quantised groups).
     pub shape: Vec<usize>,
@@ -71,7 +82,7 @@ impl WeightTensor {
                         self.name
                     ))
                 }),
-            Storage::Groups(_) => Err(HostError::Invalid(format!(
+            Storage::Groups(_) | Storage::Blocks { .. } => Err(HostError::Invalid(format!(
                 "internal: quantised tensor `{}` used as a vector",
                 self.name
             ))),
@@ -82,13 +93,17 @@ impl WeightTensor {
     pub fn bytes(&self) -> usize {
         match &self.storage {
             Storage::Groups(g) => g.stored_bytes(),
+            Storage::Blocks { range, .. } => range.len(),
             _ => self.used * self.dtype.size(),
         }
     }
 
     /// True when the values are used in place (not copied).
     pub fn in_place(&self) -> bool {
-        matches!(self.storage, Storage::InPlace { .. } | Storage::Groups(_))
+        matches!(
+            self.storage,
+            Storage::InPlace { .. } | Storage::Groups(_) | Storage::Blocks { .. }
+        )
     }
 
     fn mat<'a>(&'a self, src: Src<'a>, name: &'static str) -> Result<MatRef<'a>> {
@@ -96,6 +111,23 @@ impl WeightTensor {
         let cols = self.shape.iter().skip(1).product();
         let data = match &self.storage {
             Storage::Groups(g) => Data::Groups(src.groups.get(g)?.all_rows()),
+            Storage::Blocks {
+                file,
+                range,
+                format,
+            } => {
+                let bytes = src
+                    .files
+                    .get(*file)
+                    .and_then(|f| f.buffer.get(range.clone()))
+                    .unwrap_or_default();
+                Data::Blocks(Blocks::new(
+                    name,
+                    *format,
+                    bytes,
+                    rows.saturating_mul(cols),
+                )?)
+            }
             _ => self.data(src.files)?,
         };
         Ok(MatRef::new(name, data, rows, cols)?)
@@ -319,7 +351,10 @@ pub fn load_tensor(
             HostError::Unsupported {
                 file: file.name.clone(),
                 tensor: name.to_string(),
-                reason: format!("has quantised dtype {:?}", e.dtype),
+                reason: format!(
+                    "has quantised dtype {:?}, which kda does not read (it reads quantised weights as compressed-tensors `pack-quantized` groups or from GGUF files)",
+                    e.dtype
+                ),
             }
         } else {
             HostError::tensor(

@@ -1,4 +1,5 @@
-//! Loading KDA layers from a Kimi Linear or Kimi K3 checkpoint folder.
+//! Loading KDA layers from a Kimi Linear or Kimi K3 checkpoint folder, or from a Kimi Linear
+//! GGUF file or split set ([`gguf::load`]).
 //!
 //! A checkpoint folder holds `config.json` and either `model.safetensors` or shards listed in
 //! `model.safetensors.index.json` (`{"weight_map": {tensor: shard file}}`). Shards are
@@ -23,6 +24,7 @@ use serde_json::Value;
 use self::config::{Layout, ModelConfig};
 use self::ct::views::{GroupSpec, GroupViews, OwnedGroups};
 use self::ct::CtConfig;
+use self::gguf::load::GgufIndex;
 use self::layout::{load_tensor, Dims, GateTensors, LayerTensors, Role, Src, WeightTensor};
 use self::safetensors::{Buffer, SafetensorsFile};
 use crate::error::{HostError, Result};
@@ -41,6 +43,8 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 enum Source {
     Dir(PathBuf),
     Memory(HashMap<String, Vec<u8>>),
+    /// A GGUF file or split set: the paths of its files (none in memory).
+    Gguf(Vec<PathBuf>),
 }
 
 /// A parsed shard index: tensor name → shard file name.
@@ -100,18 +104,23 @@ pub struct Checkpoint {
     quant: Option<CtConfig>,
     /// The quantised matrices loaded so far, in slot order.
     group_specs: Vec<GroupSpec>,
+    /// The tensors of a GGUF checkpoint (whose files are then `files`, already opened).
+    gguf: Option<GgufIndex>,
 }
 
 impl Checkpoint {
-    /// Opens the checkpoint folder `dir`: reads `config.json` and the shard index (if any).
+    /// Opens the checkpoint folder `dir` (reads `config.json` and the shard index, if any), or
+    /// the GGUF file `dir` (a name ending in `.gguf`, or the GGUF magic) with the rest of its
+    /// split set.
     pub fn open(dir: &Path) -> Result<Self> {
         let name = dir.display().to_string();
         match std::fs::metadata(dir) {
             Ok(md) if md.is_dir() => {}
+            Ok(md) if md.is_file() && gguf::load::is_gguf(dir)? => return Self::open_gguf(dir),
             Ok(_) => {
                 return Err(HostError::file(
                     &name,
-                    "not a checkpoint folder (it is a file; give the folder holding config.json)",
+                    "not a checkpoint folder (it is a file, and not a GGUF one; give the folder holding config.json, or a .gguf file)",
                 ))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -159,6 +168,7 @@ impl Checkpoint {
             opened: HashMap::new(),
             quant,
             group_specs: Vec::new(),
+            gguf: None,
         })
     }
 
@@ -183,14 +193,17 @@ impl Checkpoint {
             opened: HashMap::new(),
             quant,
             group_specs: Vec::new(),
+            gguf: None,
         })
     }
 
     /// The files of the checkpoint on disk that a run may read: `config.json`, the shard index
     /// and every shard it names, or `model.safetensors` (empty for a checkpoint in memory).
     pub fn files_on_disk(&self) -> Vec<PathBuf> {
-        let Source::Dir(d) = &self.source else {
-            return Vec::new();
+        let d = match &self.source {
+            Source::Dir(d) => d,
+            Source::Gguf(paths) => return paths.clone(),
+            Source::Memory(_) => return Vec::new(),
         };
         let mut v = vec![d.join(CONFIG_FILE)];
         match &self.index {
@@ -206,15 +219,29 @@ impl Checkpoint {
         v
     }
 
-    /// The folder's name, for messages.
+    /// The folder's (or GGUF file's) name, for messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// True for a GGUF file or split set.
+    pub fn is_gguf(&self) -> bool {
+        self.gguf.is_some()
+    }
+
+    /// The KDA layers (0-based, ascending) the checkpoint holds: every KDA layer of the config,
+    /// except for a GGUF file that lists a subset in `kda.layers`.
+    pub fn held_layers(&self) -> &[usize] {
+        match &self.gguf {
+            Some(g) => g.held(),
+            None => &self.config.kda_layers,
+        }
     }
 
     fn display(&self, file: &str) -> String {
         match &self.source {
             Source::Dir(d) => d.join(file).display().to_string(),
-            Source::Memory(_) => file.to_string(),
+            Source::Memory(_) | Source::Gguf(_) => file.to_string(),
         }
     }
 
@@ -228,6 +255,12 @@ impl Checkpoint {
                 let p = d.join(shard);
                 log::debug(format_args!("mapping {}", p.display()));
                 SafetensorsFile::map(&p)?
+            }
+            Source::Gguf(_) => {
+                return Err(HostError::file(
+                    shard,
+                    "internal: a GGUF checkpoint has no safetensors files",
+                ))
             }
             Source::Memory(m) => {
                 let bytes = m
@@ -293,9 +326,7 @@ impl Checkpoint {
                     return Err(HostError::Unsupported {
                         file: self.missing_in(),
                         tensor: packed,
-                        reason:
-                            "is quantised (compressed-tensors `weight_packed`, no plain `.weight`)"
-                                .into(),
+                        reason: "is quantised (compressed-tensors `weight_packed`, no plain `.weight`), but config.json has no compressed-tensors `quantization_config` describing it".into(),
                     });
                 }
             }
@@ -387,6 +418,9 @@ impl Checkpoint {
     /// Loads model layer `layer` (0-based; must be a KDA layer).
     fn load_layer(&mut self, layer: usize) -> Result<ModelLayer> {
         self.config.check_kda_layer(layer)?;
+        if let Some(index) = &self.gguf {
+            return self.load_gguf_layer(index, layer);
+        }
         let c = &self.config;
         let dims = Dims {
             hidden: c.hidden,
@@ -441,11 +475,12 @@ impl Checkpoint {
     }
 
     /// Loads KDA layers into a [`Model`]: the given model layers (0-based), or every KDA layer
-    /// when `layers` is `None`. A non-KDA layer is an error.
+    /// the checkpoint holds ([`Checkpoint::held_layers`]) when `layers` is `None`. A non-KDA
+    /// layer is an error.
     pub fn load(mut self, layers: Option<&[usize]>) -> Result<Model> {
         let wanted: Vec<usize> = match layers {
             Some(l) => l.to_vec(),
-            None => self.config.kda_layers.clone(),
+            None => self.held_layers().to_vec(),
         };
         for &l in &wanted {
             self.config.check_kda_layer(l)?;
@@ -465,7 +500,8 @@ impl Checkpoint {
 /// Opening a model is reading its checkpoint: these constructors live beside the reader they
 /// run, so that `model.rs` needs nothing of this file.
 impl Model {
-    /// Loads every KDA layer of the checkpoint folder `dir`.
+    /// Loads every KDA layer of the checkpoint folder `dir`, or of the GGUF file `dir` (with
+    /// the rest of its split set).
     pub fn open(dir: &Path) -> Result<Self> {
         Checkpoint::open(dir)?.load(None)
     }

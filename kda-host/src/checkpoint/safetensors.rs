@@ -267,6 +267,16 @@ pub struct SafetensorsFile {
 }
 
 impl SafetensorsFile {
+    /// The bytes of a weight file whose tensors another reader has indexed (a GGUF file of a
+    /// [`Model`](crate::Model)): no safetensors tensors, no metadata.
+    pub fn bytes_only(name: impl Into<String>, buffer: Buffer) -> Self {
+        SafetensorsFile {
+            name: name.into(),
+            buffer,
+            header: Header::default(),
+        }
+    }
+
     /// Parses `buffer` as a safetensors file named `name`.
     pub fn parse(name: impl Into<String>, buffer: Buffer) -> Result<Self> {
         let name = name.into();

@@ -135,6 +135,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeReport> {
     };
     fsio::check_output(&opts.out)?;
     let ckpt = Checkpoint::open(&opts.model)?;
+    not_gguf(&ckpt)?;
     check_supported(&ckpt)?;
     let text = read_text_config(&opts.model)?;
     let n_kda = ckpt.config.kda_layers.len();
@@ -177,6 +178,7 @@ pub fn quantize(opts: &QuantizeOptions) -> Result<QuantizeReport> {
 /// checkpoint (Kimi K3 too), since no llama.cpp architecture is involved.
 fn quantize_ct(opts: &QuantizeOptions) -> Result<QuantizeReport> {
     let ckpt = Checkpoint::open(&opts.model)?;
+    not_gguf(&ckpt)?;
     let top = read_text_config(&opts.model)?;
     let model = ckpt.load(opts.layers.as_deref())?;
     let written = ct::write_folder(&model, top, &opts.out)?;
@@ -193,6 +195,17 @@ fn quantize_ct(opts: &QuantizeOptions) -> Result<QuantizeReport> {
         .collect();
     let layers = model.layers().iter().map(|l| l.index).collect();
     Ok(QuantizeReport { layers, tensors })
+}
+
+/// Refuses a GGUF input: quantising reads the float weights of a Hugging Face folder.
+fn not_gguf(ckpt: &Checkpoint) -> Result<()> {
+    if ckpt.is_gguf() {
+        return Err(HostError::file(
+            ckpt.name(),
+            "is a GGUF file; kda quantize reads a Hugging Face checkpoint folder (config.json + bf16/f16/f32 safetensors)",
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses checkpoints llama.cpp's `kimi-linear` cannot describe.

@@ -73,7 +73,9 @@ class KdaLayer:
     @classmethod
     def from_pretrained(cls, path: PathLike, layer: int = 0, precision: str = "exact") -> "KdaLayer":
         """Loads model layer ``layer`` (0-based; must be a KDA layer) of the checkpoint folder
-        ``path`` (``config.json`` + ``model.safetensors`` or shards; weights memory-mapped).
+        ``path`` (``config.json`` + ``model.safetensors`` or shards; compressed-tensors
+        ``pack-quantized`` folders too) or of the Kimi Linear GGUF file ``path`` (any file of a
+        split set; Q8_0, Q4_K, … matrices used as stored). Weights are memory-mapped.
 
         ``precision``: ``"exact"`` (f32 activations, fla's fp32 arithmetic) or ``"bf16"``
         (each projection's input rounded to bf16, bf16 products summed in f32: the precision

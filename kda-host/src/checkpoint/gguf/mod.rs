@@ -23,7 +23,10 @@
 //! * [`split`]: [`GgufSet`], a split set opened from any of its files;
 //! * [`file`](mod@file): [`GgufFile`], a memory-mapped file and its header;
 //! * [`kimi_names`]: the KDA tensors of llama.cpp's `kimi-linear` files (names, shapes,
-//!   transforms), for writing and reading them.
+//!   transforms), for writing and reading them;
+//! * [`load`]: a `kimi-linear` file or split set opened as a
+//!   [`Checkpoint`](crate::checkpoint::Checkpoint) ([`Model::open`](crate::Model::open) on a
+//!   `.gguf` path).
 //!
 //! # Why a parser of our own
 //!
@@ -36,6 +39,7 @@
 
 pub mod file;
 pub mod kimi_names;
+pub mod load;
 pub mod parse;
 pub mod split;
 pub mod types;

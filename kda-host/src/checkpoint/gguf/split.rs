@@ -89,6 +89,12 @@ impl GgufSet {
         &self.files
     }
 
+    /// The files, in order, given up (their tensors are then looked up by name in each
+    /// file's header).
+    pub fn into_files(self) -> Vec<GgufFile> {
+        self.files
+    }
+
     /// The model's metadata (the first file's).
     pub fn metadata(&self) -> Metadata<'_> {
         self.files[0].metadata()
