@@ -1,5 +1,7 @@
-//! `kda bench`: prefill and decode of one synthetic KDA layer at a published size, next to this
-//! machine's memory bandwidth measured in the same run.
+//! `kda bench`: prefill and decode of one KDA layer, next to this machine's memory bandwidth
+//! measured in the same run. The layer is a synthetic one at a published size (seeded random
+//! bf16 weights), or a layer of a checkpoint (`--model`: a folder or a GGUF file, its weights in
+//! their stored formats).
 //!
 //! * Prefill is reported in tokens/s and GFLOP/s, counting per token
 //!   `2·(weight MACs) + 8·H·K·V` FLOPs: 2 per weight element applied (q/k/v/gate/beta/o
@@ -17,17 +19,22 @@
 //!   step vs median pass, fastest step vs fastest pass).
 
 use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kda_core::internals::ReadLoads;
 use kda_core::{
-    DecayGate, ForwardOptions, GateProj, InitialCaches, Isa, KdaConfig, KdaLayer, Mode, Precision,
+    Data, DecayGate, ForwardOptions, GateProj, GateWeights, InitialCaches, Isa, KdaConfig,
+    KdaLayer, KdaWeights, Mode, Precision,
 };
 use rayon::prelude::*;
 
 use crate::cache::SequenceCaches;
+use crate::checkpoint::Checkpoint;
 use crate::error::{HostError, Result};
-use crate::layer::{OwnedGate, OwnedLayer, WeightDtype};
+use crate::format_label::format_label;
+use crate::layer::{OwnedLayer, WeightDtype};
+use crate::model::Model;
 use crate::panels::Panels;
 use crate::rng::Rng;
 use crate::runner::Runner;
@@ -80,10 +87,12 @@ pub fn describe(cfg: &KdaConfig) -> String {
 }
 
 /// What to run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BenchOptions {
-    /// Layer size.
+    /// Layer size (of the seeded layer; unused with [`BenchOptions::model`]).
     pub preset: Preset,
+    /// A checkpoint's layer to run instead of the seeded one.
+    pub model: Option<BenchModel>,
     /// Prompt tokens per sequence.
     pub prompt: usize,
     /// Decode steps.
@@ -108,6 +117,143 @@ pub struct BenchOptions {
     /// read reference run on the same path, so a slower path is measured against its own
     /// limits (an AVX-512 machine times the AVX2 kernels against its 256-bit peak).
     pub isa: Option<Isa>,
+}
+
+/// A layer of a checkpoint to benchmark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchModel {
+    /// A checkpoint folder or a GGUF file.
+    pub path: PathBuf,
+    /// The model layer (0-based); `None` for the first KDA layer the checkpoint holds.
+    pub layer: Option<usize>,
+}
+
+/// The layer a run benchmarks: seeded, or loaded from a checkpoint.
+enum Subject {
+    Seeded(OwnedLayer),
+    Loaded(Model, usize),
+}
+
+impl Subject {
+    fn open(opts: &BenchOptions) -> Result<Self> {
+        let Some(m) = &opts.model else {
+            let cfg = opts.preset.config();
+            return Ok(Subject::Seeded(OwnedLayer::random(
+                cfg,
+                WeightDtype::Bf16,
+                opts.seed,
+            )?));
+        };
+        let ckpt = Checkpoint::open(&m.path)?;
+        let index = match m.layer {
+            Some(n) => n,
+            None => *ckpt.held_layers().first().ok_or_else(|| {
+                HostError::Invalid(format!(
+                    "{}: the checkpoint holds no KDA layer",
+                    ckpt.name()
+                ))
+            })?,
+        };
+        Ok(Subject::Loaded(ckpt.load(Some(&[index]))?, index))
+    }
+
+    fn weights(&self) -> Result<(KdaConfig, KdaWeights<'_>)> {
+        match self {
+            Subject::Seeded(l) => Ok((l.cfg, l.weights()?)),
+            Subject::Loaded(m, i) => m.weights(*i).map(|(c, w)| (*c, w)),
+        }
+    }
+
+    /// What the report's first line calls it.
+    fn name(&self, opts: &BenchOptions) -> String {
+        match self {
+            Subject::Seeded(_) => format!("preset {} (seeded random weights)", opts.preset.name()),
+            Subject::Loaded(m, i) => format!("{} layer {i}", m.name()),
+        }
+    }
+}
+
+/// The sizes the report counts, of the layer benchmarked.
+#[derive(Debug, Clone)]
+struct Facts {
+    cfg: KdaConfig,
+    macs: usize,
+    weight_bytes: usize,
+    /// The matrices' storage formats, e.g. `bf16` or `Q8_0/f32`.
+    formats: String,
+}
+
+impl Facts {
+    fn of(cfg: KdaConfig, w: &KdaWeights<'_>) -> Facts {
+        let mut formats: Vec<String> = Vec::new();
+        for m in matrices(w) {
+            let f = format_label(&m.data());
+            if !formats.contains(&f) {
+                formats.push(f);
+            }
+        }
+        let vectors = [w.q_conv, w.k_conv, w.v_conv, w.o_norm]
+            .into_iter()
+            .chain(w.a_log)
+            .chain(w.dt_bias);
+        let weight_bytes = matrices(w)
+            .iter()
+            .map(|m| data_bytes(&m.data()))
+            .chain(vectors.map(|d| data_bytes(&d)))
+            .sum();
+        Facts {
+            cfg,
+            macs: macs(&cfg, w),
+            weight_bytes,
+            formats: formats.join("/"),
+        }
+    }
+
+    /// FLOPs per prefill token: `2·weight_macs + 8·H·K·V`.
+    fn flops_per_token(&self) -> f64 {
+        let c = &self.cfg;
+        2.0 * self.macs as f64 + 8.0 * (c.heads * c.head_dim * c.head_dim) as f64
+    }
+
+    /// Bytes one decode step over `batch` sequences streams: weights once, and each sequence's
+    /// recurrent and conv states read and written.
+    fn decode_bytes(&self, batch: usize) -> f64 {
+        let c = &self.cfg;
+        let state = 4
+            * (c.heads * c.head_dim * c.head_dim
+                + 3 * c.proj_dim() * c.conv_width.saturating_sub(1));
+        self.weight_bytes as f64 + (batch * 2 * state) as f64
+    }
+}
+
+/// The matrices of a layer's weights.
+fn matrices<'a>(w: &KdaWeights<'a>) -> Vec<kda_core::MatRef<'a>> {
+    let mut v = vec![w.q_proj, w.k_proj, w.v_proj, w.b_proj, w.o_proj];
+    for g in [&w.decay_proj, &w.output_gate] {
+        match g {
+            GateWeights::FullRank(m) => v.push(*m),
+            GateWeights::LowRank { down, up } => v.extend([*down, *up]),
+        }
+    }
+    v
+}
+
+/// Stored bytes of `d` (scales and zero points included).
+fn data_bytes(d: &Data<'_>) -> usize {
+    match d {
+        Data::F32(v) => 4 * v.len(),
+        Data::Bf16(v) => 2 * v.len(),
+        Data::F16(v) => 2 * v.len(),
+        Data::I8 { data, scales } => data.len() + 4 * scales.len(),
+        Data::Blocks(b) => b.bytes().len(),
+        Data::Groups(g) => g.matrix().stored_bytes(),
+    }
+}
+
+/// Multiply-adds of the weights per token: every matrix element once, and the short convs.
+fn macs(cfg: &KdaConfig, w: &KdaWeights<'_>) -> usize {
+    let mats: usize = matrices(w).iter().map(|m| m.rows() * m.cols()).sum();
+    mats + 3 * cfg.proj_dim() * cfg.conv_width
 }
 
 /// Measured memory bandwidth, GB/s (1e9 bytes/s).
@@ -376,32 +522,30 @@ fn best_rate(probe: impl Fn() -> (usize, f32)) -> f64 {
 
 /// Weight multiply-adds per token (every matrix and conv element once).
 pub fn weight_macs(layer: &OwnedLayer) -> usize {
-    let m = |g: &OwnedGate| match g {
-        OwnedGate::FullRank(a) => a.rows * a.cols,
-        OwnedGate::LowRank(a, b) => a.rows * a.cols + b.rows * b.cols,
-    };
-    let mats: usize = layer.qkv.iter().map(|q| q.rows * q.cols).sum::<usize>()
-        + m(&layer.decay_proj)
-        + m(&layer.output_gate)
-        + layer.b_proj.rows * layer.b_proj.cols
-        + layer.o_proj.rows * layer.o_proj.cols;
-    let conv = 3 * layer.cfg.proj_dim() * layer.cfg.conv_width;
-    mats + conv
+    layer.weights().map_or(0, |w| macs(&layer.cfg, &w))
 }
 
 /// FLOPs per prefill token: `2·weight_macs + 8·H·K·V`.
 pub fn flops_per_token(layer: &OwnedLayer) -> f64 {
-    let c = &layer.cfg;
-    2.0 * weight_macs(layer) as f64 + 8.0 * (c.heads * c.head_dim * c.head_dim) as f64
+    owned_facts(layer).flops_per_token()
 }
 
 /// Bytes one decode step over `batch` sequences streams: weights once, and each sequence's
 /// recurrent and conv states read and written.
 pub fn decode_bytes_per_step(layer: &OwnedLayer, batch: usize) -> f64 {
-    let c = &layer.cfg;
-    let state =
-        4 * (c.heads * c.head_dim * c.head_dim + 3 * c.proj_dim() * c.conv_width.saturating_sub(1));
-    layer.weight_bytes() as f64 + (batch * 2 * state) as f64
+    owned_facts(layer).decode_bytes(batch)
+}
+
+fn owned_facts(layer: &OwnedLayer) -> Facts {
+    match layer.weights() {
+        Ok(w) => Facts::of(layer.cfg, &w),
+        Err(_) => Facts {
+            cfg: layer.cfg,
+            macs: 0,
+            weight_bytes: layer.weight_bytes(),
+            formats: String::new(),
+        },
+    }
 }
 
 /// A progress bar on stderr, drawn only when stderr is a terminal.
@@ -481,7 +625,9 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
                 .into(),
         ));
     }
-    let cfg = opts.preset.config();
+    let subject = Subject::open(opts)?;
+    let (cfg, base) = subject.weights()?;
+    let facts = Facts::of(cfg, &base);
     // The buffers sized by the options first: a batch too large fails before the measurements.
     let slice_values = opts
         .batch
@@ -501,8 +647,6 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         )));
     }
     let (bw, probe) = measure_bandwidth(256 << 20, opts.threads > 1, isa)?;
-    let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
-    let base = layer.weights()?;
     let panels = if opts.panels {
         Panels::new(&base)?
     } else {
@@ -513,7 +657,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
     } else {
         base
     };
-    report_setup(out, opts, isa, &layer, &bw)?;
+    report_setup(out, opts, isa, (&subject.name(opts), &facts), &bw)?;
     let mut bench = Bench {
         opts,
         layer: KdaLayer::new(
@@ -536,8 +680,8 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         runs.push(dt);
         sum_sq = sq;
     }
-    let dt = report_prefill(out, opts, &layer, &runs, sum_sq)?;
-    let gflops = (opts.prompt * opts.batch) as f64 * flops_per_token(&layer) / dt / 1e9;
+    let dt = report_prefill(out, opts, &facts, &runs, sum_sq)?;
+    let gflops = (opts.prompt * opts.batch) as f64 * facts.flops_per_token() / dt / 1e9;
     line(
         out,
         format!(
@@ -551,7 +695,7 @@ pub fn run(opts: &BenchOptions, out: &mut dyn Write) -> Result<()> {
         ),
     )?;
     let (times, last) = bench.decode(&probe, bw.read_pattern)?;
-    report_decode(out, opts, &layer, &times, &bw, probe.bytes())?;
+    report_decode(out, opts, &facts, &times, &bw, probe.bytes())?;
     if !last.iter().all(|v| v.is_finite()) || !sum_sq.is_finite() {
         return Err(HostError::Invalid("bench: non-finite output".into()));
     }
@@ -664,20 +808,21 @@ fn median_min(x: &[f64]) -> (f64, f64) {
     }
 }
 
+/// `subject`: the layer's name and sizes.
 fn report_setup(
     out: &mut dyn Write,
     opts: &BenchOptions,
     isa: Isa,
-    layer: &OwnedLayer,
+    (name, facts): (&str, &Facts),
     bw: &Bandwidth,
 ) -> Result<()> {
     line(
         out,
         format!(
-            "kda bench: preset {} ({}), bf16 weights {:.1} MiB (seeded random) in the {} layout, batch {}, {} thread(s), ISA {}, precision {}",
-            opts.preset.name(),
-            describe(&layer.cfg),
-            layer.weight_bytes() as f64 / (1 << 20) as f64,
+            "kda bench: {name} ({}), {} weights {:.1} MiB in the {} layout, batch {}, {} thread(s), ISA {}, precision {}",
+            describe(&facts.cfg),
+            facts.formats,
+            facts.weight_bytes as f64 / (1 << 20) as f64,
             if opts.panels { "panel" } else { "row-major" },
             opts.batch,
             opts.threads,
@@ -704,13 +849,13 @@ fn report_setup(
 fn report_prefill(
     out: &mut dyn Write,
     opts: &BenchOptions,
-    layer: &OwnedLayer,
+    facts: &Facts,
     runs: &[f64],
     sum_sq: f64,
 ) -> Result<f64> {
-    let cfg = &layer.cfg;
+    let cfg = &facts.cfg;
     let toks = (opts.prompt * opts.batch) as f64;
-    let fpt = flops_per_token(layer);
+    let fpt = facts.flops_per_token();
     let (median, dt) = median_min(runs);
     let first = runs.first().copied().unwrap_or(dt);
     line(
@@ -722,7 +867,7 @@ fn report_prefill(
             toks / dt,
             toks * fpt / dt / 1e9,
             runs.len(),
-            weight_macs(layer),
+            facts.macs,
             cfg.heads,
             cfg.head_dim,
             cfg.head_dim,
@@ -736,12 +881,12 @@ fn report_prefill(
 fn report_decode(
     out: &mut dyn Write,
     opts: &BenchOptions,
-    layer: &OwnedLayer,
+    facts: &Facts,
     times: &DecodeTimes,
     bw: &Bandwidth,
     pass_bytes: f64,
 ) -> Result<()> {
-    let bytes = decode_bytes_per_step(layer, opts.batch);
+    let bytes = facts.decode_bytes(opts.batch);
     let dt: f64 = times.steps.iter().sum::<f64>().max(1e-9);
     let gbs = bytes * opts.steps as f64 / dt / 1e9;
     line(

@@ -161,9 +161,16 @@ pub enum Command {
     },
     /// Measures prefill and decode of one synthetic layer at a published size.
     Bench {
-        /// Layer size.
+        /// Layer size of the seeded layer.
         #[arg(long, value_enum, default_value_t = PresetArg::Small)]
         preset: PresetArg,
+        /// Run a layer of this checkpoint (a folder, or a GGUF file) instead, its weights in
+        /// their stored formats.
+        #[arg(long, value_name = "DIR|FILE.gguf", conflicts_with = "preset")]
+        model: Option<PathBuf>,
+        /// With --model: the model layer, 0-based (default: the first KDA layer).
+        #[arg(long, value_name = "N", requires = "model")]
+        layer: Option<usize>,
         /// Prompt tokens per sequence.
         #[arg(long, default_value_t = 256)]
         prompt: usize,

@@ -336,6 +336,24 @@ fn the_cli_reads_gguf_files() {
         ],
         &["--layer 1", "full-attention"],
     );
+    let bench = kda_ok(&[
+        "bench",
+        "--model",
+        s(&gguf()),
+        "--prompt",
+        "8",
+        "--steps",
+        "2",
+        "--prefill-runs",
+        "1",
+        "--threads",
+        "1",
+    ]);
+    assert!(
+        bench.contains("kimi-linear-tiny-q8_0.gguf layer 0"),
+        "{bench}"
+    );
+    assert!(bench.contains("Q8_0 weights"), "{bench}");
     let q = dir.path("q.gguf");
     kda_err(
         &[

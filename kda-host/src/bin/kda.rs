@@ -13,7 +13,7 @@ use kda_core::{
     snapshot_count, snapshot_positions, DecayGate, ForwardOptions, GateProj, InitialCaches,
     KdaConfig, KdaLayer, Precision, SnapshotPos,
 };
-use kda_host::bench::{self, BenchOptions};
+use kda_host::bench::{self, BenchModel, BenchOptions};
 use kda_host::checkpoint::layout::{GateTensors, WeightTensor};
 use kda_host::cli::{self, Cli, Command, LayoutArg, DEMO_HIDDEN};
 use kda_host::error::Context;
@@ -488,6 +488,8 @@ fn run(cli: Cli) -> Result<(), HostError> {
         }
         Command::Bench {
             preset,
+            model,
+            layer,
             prompt,
             steps,
             prefill_runs,
@@ -501,6 +503,7 @@ fn run(cli: Cli) -> Result<(), HostError> {
             let pool = thread_pool(threads)?;
             let opts = BenchOptions {
                 preset: preset.into(),
+                model: model.map(|path| BenchModel { path, layer }),
                 prompt,
                 steps,
                 prefill_runs: prefill_runs as usize,
