@@ -475,6 +475,27 @@ fn hostile_files_are_refused_by_name() {
             vec!["missing tensor `blk.0.ssm_beta.weight`"],
         ),
         (
+            "scalar-norm",
+            Box::new(|p| {
+                let t = p.tensor("blk.0.ssm_norm.weight");
+                t.1 = vec![];
+                t.3 = 1.0f32.to_le_bytes().to_vec();
+            }),
+            vec![],
+            vec![],
+            vec!["blk.0.ssm_norm.weight", "has shape [], expected [32]"],
+        ),
+        (
+            "huge-block-count",
+            Box::new(|_| {}),
+            vec![
+                ("kimi-linear.block_count", Value::U32(4_000_000_000)),
+                ("kimi-linear.attention.head_count_kv", Value::U32(0)),
+            ],
+            vec![],
+            vec!["block_count` is 4000000000", "at most 4096 blocks"],
+        ),
+        (
             "kv-scalar",
             Box::new(|_| {}),
             vec![("kimi-linear.attention.head_count_kv", Value::U32(0))],

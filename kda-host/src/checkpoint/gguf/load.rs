@@ -38,6 +38,10 @@ use crate::model::ModelLayer;
 /// The magic a GGUF file starts with.
 const MAGIC: &[u8; 4] = b"GGUF";
 
+/// The most blocks (layers) a model may have: llama.cpp's `LLAMA_MAX_LAYERS` is 512; this
+/// bounds the per-layer lists a file's `block_count` sizes.
+const MAX_BLOCKS: usize = 4096;
+
 /// The tensors of an opened GGUF file or split set, by name, and the KDA layers it holds.
 #[derive(Debug)]
 pub struct GgufIndex {
@@ -95,6 +99,12 @@ fn model_config(set: &GgufSet) -> Result<(ModelConfig, Vec<usize>)> {
         }
     };
     let blocks = size("block_count")?;
+    if blocks > MAX_BLOCKS {
+        return Err(err(format!(
+            "key `{}` is {blocks}; kda reads models of at most {MAX_BLOCKS} blocks",
+            arch_key("block_count")
+        )));
+    }
     let hidden = size("embedding_length")?;
     let conv_width = size("ssm.conv_kernel")?;
     let head_dim = size("kda.head_dim")?;
@@ -239,7 +249,8 @@ fn hf_shape(t: KdaTensor, ne: &[u64]) -> Vec<usize> {
     } else {
         ne.len() - ne.iter().rev().take_while(|&&d| d == 1).count()
     };
-    ne[..keep.max(1)]
+    // A scalar (no dims) stays empty, which no role accepts.
+    ne[..keep.max(1).min(ne.len())]
         .iter()
         .rev()
         .map(|&d| d as usize)
