@@ -130,19 +130,16 @@ pub struct BenchModel {
 
 /// The layer a run benchmarks: seeded, or loaded from a checkpoint.
 enum Subject {
-    Seeded(OwnedLayer),
-    Loaded(Model, usize),
+    Seeded(Box<OwnedLayer>),
+    Loaded(Box<Model>, usize),
 }
 
 impl Subject {
     fn open(opts: &BenchOptions) -> Result<Self> {
         let Some(m) = &opts.model else {
             let cfg = opts.preset.config();
-            return Ok(Subject::Seeded(OwnedLayer::random(
-                cfg,
-                WeightDtype::Bf16,
-                opts.seed,
-            )?));
+            let layer = OwnedLayer::random(cfg, WeightDtype::Bf16, opts.seed)?;
+            return Ok(Subject::Seeded(Box::new(layer)));
         };
         let ckpt = Checkpoint::open(&m.path)?;
         let index = match m.layer {
@@ -154,7 +151,7 @@ impl Subject {
                 ))
             })?,
         };
-        Ok(Subject::Loaded(ckpt.load(Some(&[index]))?, index))
+        Ok(Subject::Loaded(Box::new(ckpt.load(Some(&[index]))?), index))
     }
 
     fn weights(&self) -> Result<(KdaConfig, KdaWeights<'_>)> {

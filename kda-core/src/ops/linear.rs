@@ -8,7 +8,7 @@
 use half::{bf16, f16};
 
 use crate::error::{check_len, rows_of, KdaError};
-use crate::quant::{Blocks, GroupRows};
+use crate::quant::{BlockFormat, Blocks, GroupRows};
 use crate::simd::{self, Isa, DIRECT, PANEL};
 use crate::weights::{Data, MatRef};
 
@@ -216,6 +216,11 @@ pub fn project_tile(
     store: &mut Store<'_>,
 ) -> Result<(), KdaError> {
     let (TileRows { row, tokens }, Tile { w, o0, o1 }) = (x, tile);
+    if let Data::Blocks(b) = w.data() {
+        if b.format() == BlockFormat::Q8_0 {
+            return q8_0_tile(isa, x, tile, store);
+        }
+    }
     if !matches!(w.data(), Data::F32(_) | Data::Bf16(_)) {
         for o in o0..o1 {
             for t in 0..tokens {
@@ -260,6 +265,32 @@ pub fn project_tile(
             direct(isa, x, ws, &mut put)?;
         }
         o += mr;
+    }
+    Ok(())
+}
+
+/// [`project_tile`] for a `Q8_0` matrix: each output one [`simd::dot_q8_0`] over its row's
+/// blocks (dequantised in registers).
+fn q8_0_tile(
+    isa: Isa,
+    x: TileRows<'_, '_>,
+    tile: Tile<'_, '_>,
+    store: &mut Store<'_>,
+) -> Result<(), KdaError> {
+    let (TileRows { row, tokens }, Tile { w, o0, o1 }) = (x, tile);
+    let n = w.cols();
+    let bad = KdaError::Internal {
+        what: "Q8_0 projection rows",
+    };
+    for o in o0..o1 {
+        let Data::Blocks(r) = w.row(o) else {
+            return Err(bad);
+        };
+        for t in 0..tokens {
+            let xr = row(t).get(..n).ok_or(bad)?;
+            let v = simd::dot_q8_0(isa, xr, r.bytes()).ok_or(bad)?;
+            store(t, o, &[v])?;
+        }
     }
     Ok(())
 }

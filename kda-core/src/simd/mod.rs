@@ -71,6 +71,7 @@ mod test_support;
 )]
 mod vector;
 
+mod blocks;
 mod chunk;
 mod conv;
 mod elementwise;
@@ -83,6 +84,7 @@ mod types;
 #[cfg(test)]
 mod vector_tests;
 
+pub use blocks::dot_q8_0;
 pub(crate) use chunk::transpose_scaled;
 pub use chunk::{tame_rows, transpose};
 pub use conv::short_conv;

@@ -365,3 +365,17 @@ pub(super) fn tame_rows_with(
     }
     tame
 }
+
+/// The portable [`dot_q8_0`](super::dot_q8_0): each weight `d·q` in f32, then eight partial
+/// sums in the order of `ops::linear::dot_blocks` (the same value, bitwise).
+pub(super) fn dot_q8_0(x: &[f32], w: &[u8]) -> f32 {
+    use super::types::{Q8_0_BYTES, Q8_0_ELEMS};
+    let mut acc = [0.0f32; 8];
+    for (block, xb) in w.chunks_exact(Q8_0_BYTES).zip(x.chunks_exact(Q8_0_ELEMS)) {
+        let d = half::f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+        for (i, (xv, &q)) in xb.iter().zip(&block[2..]).enumerate() {
+            acc[i % 8] += xv * (d * (q as i8 as f32));
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}

@@ -86,3 +86,8 @@ pub enum ReadLoads {
 
 /// f32 per piece of [`read_sum`](super::read_sum): 256 bytes, four cache lines.
 pub(crate) const READ_PIECE: usize = 64;
+
+/// Weights per GGUF `Q8_0` block ([`dot_q8_0`](super::dot_q8_0)).
+pub const Q8_0_ELEMS: usize = 32;
+/// Bytes per GGUF `Q8_0` block: the f16 scale, then 32 int8 quants.
+pub const Q8_0_BYTES: usize = 34;

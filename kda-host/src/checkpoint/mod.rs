@@ -24,7 +24,7 @@ use serde_json::Value;
 use self::config::{Layout, ModelConfig};
 use self::ct::views::{GroupSpec, GroupViews, OwnedGroups};
 use self::ct::CtConfig;
-use self::gguf::load::GgufIndex;
+use self::gguf::index::GgufIndex;
 use self::layout::{load_tensor, Dims, GateTensors, LayerTensors, Role, Src, WeightTensor};
 use self::safetensors::{Buffer, SafetensorsFile};
 use crate::error::{HostError, Result};
@@ -116,7 +116,7 @@ impl Checkpoint {
         let name = dir.display().to_string();
         match std::fs::metadata(dir) {
             Ok(md) if md.is_dir() => {}
-            Ok(md) if md.is_file() && gguf::load::is_gguf(dir)? => return Self::open_gguf(dir),
+            Ok(md) if md.is_file() && gguf::index::is_gguf(dir)? => return Self::open_gguf(dir),
             Ok(_) => {
                 return Err(HostError::file(
                     &name,

@@ -13,11 +13,11 @@
 //! output gate only, so those are the forms loaded.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use kda_core::quant::BlockFormat;
 
+use super::index::GgufIndex;
 use super::kimi_names::{a_log_from_ssm_a, arch_key, KdaTensor, ARCH};
 use super::parse::TensorInfo;
 use super::split::GgufSet;
@@ -35,49 +35,9 @@ use crate::checkpoint::{Checkpoint, Source};
 use crate::error::{HostError, Result};
 use crate::model::ModelLayer;
 
-/// The magic a GGUF file starts with.
-const MAGIC: &[u8; 4] = b"GGUF";
-
 /// The most blocks (layers) a model may have: llama.cpp's `LLAMA_MAX_LAYERS` is 512; this
 /// bounds the per-layer lists a file's `block_count` sizes.
 const MAX_BLOCKS: usize = 4096;
-
-/// The tensors of an opened GGUF file or split set, by name, and the KDA layers it holds.
-#[derive(Debug)]
-pub struct GgufIndex {
-    tensors: HashMap<String, (usize, TensorInfo)>,
-    /// The KDA layers (0-based, ascending) the files hold.
-    held: Vec<usize>,
-    /// The first file's name, where missing tensors are reported.
-    first: String,
-    /// The number of files.
-    count: usize,
-}
-
-impl GgufIndex {
-    /// The KDA layers (0-based, ascending) the files hold.
-    pub fn held(&self) -> &[usize] {
-        &self.held
-    }
-}
-
-/// True when `path` (a regular file) is a GGUF file: its name ends in `.gguf`, or it starts
-/// with the magic `GGUF`.
-pub fn is_gguf(path: &Path) -> Result<bool> {
-    let named = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    if named {
-        return Ok(true);
-    }
-    let mut head = [0u8; 4];
-    let mut f = std::fs::File::open(path).map_err(|e| HostError::io(path, e))?;
-    match f.read_exact(&mut head) {
-        Ok(()) => Ok(&head == MAGIC),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
-        Err(e) => Err(HostError::io(path, e)),
-    }
-}
 
 /// The model configuration the metadata and tensors of `set` describe, and the KDA layers it
 /// holds.
@@ -207,36 +167,6 @@ fn head_count(set: &GgufSet, layer: usize) -> Result<usize> {
             name,
             format!("has dims {:?}; it needs one value per head", info.ne()),
         )),
-    }
-}
-
-impl GgufIndex {
-    fn new(files: &[GgufFile], held: Vec<usize>) -> Self {
-        let mut tensors = HashMap::new();
-        for (i, f) in files.iter().enumerate() {
-            for t in f.tensors() {
-                tensors.insert(t.name.clone(), (i, t.clone()));
-            }
-        }
-        GgufIndex {
-            tensors,
-            held,
-            first: files[0].name.clone(),
-            count: files.len(),
-        }
-    }
-
-    fn get(&self, name: &str) -> Result<&(usize, TensorInfo)> {
-        self.tensors
-            .get(name)
-            .ok_or_else(|| HostError::MissingTensor {
-                file: self.first.clone(),
-                tensor: name.to_string(),
-                note: match self.count {
-                    1 => String::new(),
-                    n => format!(" (nor in the other {} files of its split set)", n - 1),
-                },
-            })
     }
 }
 
@@ -405,10 +335,10 @@ impl Checkpoint {
         let index = GgufIndex::new(set.files(), held);
         crate::log::debug(format_args!(
             "{name}: GGUF {ARCH}, {} file(s), {} tensors, hidden {}, KDA layers held {:?}",
-            index.count,
-            index.tensors.len(),
+            index.files(),
+            index.len(),
             config.hidden,
-            index.held
+            index.held()
         ));
         let files = set
             .into_files()
@@ -452,8 +382,8 @@ impl Checkpoint {
         index: &GgufIndex,
         layer: usize,
     ) -> Result<ModelLayer> {
-        if index.held.binary_search(&layer).is_err() {
-            let v: Vec<String> = index.held.iter().map(usize::to_string).collect();
+        if index.held().binary_search(&layer).is_err() {
+            let v: Vec<String> = index.held().iter().map(usize::to_string).collect();
             return Err(HostError::file(
                 &self.name,
                 format!(

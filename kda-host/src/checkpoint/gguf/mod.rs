@@ -24,6 +24,8 @@
 //! * [`file`](mod@file): [`GgufFile`], a memory-mapped file and its header;
 //! * [`kimi_names`]: the KDA tensors of llama.cpp's `kimi-linear` files (names, shapes,
 //!   transforms), for writing and reading them;
+//! * [`index`](mod@index): the tensors of an opened file or set by name, and how a path is
+//!   recognised as GGUF;
 //! * [`load`]: a `kimi-linear` file or split set opened as a
 //!   [`Checkpoint`](crate::checkpoint::Checkpoint) ([`Model::open`](crate::Model::open) on a
 //!   `.gguf` path).
@@ -38,6 +40,7 @@
 //! dependencies, and is fuzzed (`fuzz/fuzz_targets/gguf.rs`).
 
 pub mod file;
+pub mod index;
 pub mod kimi_names;
 pub mod load;
 pub mod parse;
