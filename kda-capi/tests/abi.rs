@@ -2,19 +2,12 @@
 //! `kda_forward` / `kda_decode_step` and through kda-core directly gives the same bits.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use kda_capi::*;
 use kda_core::{Batch, CachesMut, Data, GateWeights, InitialCaches, MatRef, Serial};
 
-fn t(v: &[f32]) -> KdaTensor {
-    KdaTensor {
-        data: v.as_ptr().cast(),
-        len: v.len(),
-        dtype: KDA_DTYPE_F32,
-        layout: KDA_LAYOUT_ROWS,
-        scales: std::ptr::null(),
-        scales_len: 0,
-    }
-}
+use common::f32_tensor as t;
 
 #[test]
 fn forward_and_decode_match_the_core() {

@@ -3,20 +3,13 @@
 //! .ci/capi.sh).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::ffi::CStr;
 
 use kda_capi::*;
 
-fn f32t(v: &[f32]) -> KdaTensor {
-    KdaTensor {
-        data: v.as_ptr().cast(),
-        len: v.len(),
-        dtype: KDA_DTYPE_F32,
-        layout: KDA_LAYOUT_ROWS,
-        scales: std::ptr::null(),
-        scales_len: 0,
-    }
-}
+use common::f32_tensor as f32t;
 
 /// A valid int4 group-32 matrix `[rows, cols]` (bf16 scales, as u16 bits of 1/64).
 struct Mat {

@@ -24,15 +24,15 @@ use std::time::{Duration, Instant};
 
 use kda_core::internals::ReadLoads;
 use kda_core::{
-    Data, DecayGate, ForwardOptions, GateProj, GateWeights, InitialCaches, Isa, KdaConfig,
-    KdaLayer, KdaWeights, Mode, Precision,
+    DecayGate, ForwardOptions, GateProj, InitialCaches, Isa, KdaConfig, KdaLayer, KdaWeights, Mode,
+    Precision,
 };
 use rayon::prelude::*;
 
 use crate::cache::SequenceCaches;
 use crate::checkpoint::Checkpoint;
 use crate::error::{HostError, Result};
-use crate::format_label::format_label;
+use crate::format_label::{format_label, named_matrices, stored_bytes};
 use crate::layer::{OwnedLayer, WeightDtype};
 use crate::model::Model;
 use crate::panels::Panels;
@@ -183,7 +183,8 @@ struct Facts {
 impl Facts {
     fn of(cfg: KdaConfig, w: &KdaWeights<'_>) -> Facts {
         let mut formats: Vec<String> = Vec::new();
-        for m in matrices(w) {
+        let mats = named_matrices(w);
+        for (_, m) in &mats {
             let f = format_label(&m.data());
             if !formats.contains(&f) {
                 formats.push(f);
@@ -193,10 +194,10 @@ impl Facts {
             .into_iter()
             .chain(w.a_log)
             .chain(w.dt_bias);
-        let weight_bytes = matrices(w)
+        let weight_bytes = mats
             .iter()
-            .map(|m| data_bytes(&m.data()))
-            .chain(vectors.map(|d| data_bytes(&d)))
+            .map(|(_, m)| stored_bytes(&m.data()))
+            .chain(vectors.map(|d| stored_bytes(&d)))
             .sum();
         Facts {
             cfg,
@@ -223,33 +224,12 @@ impl Facts {
     }
 }
 
-/// The matrices of a layer's weights.
-fn matrices<'a>(w: &KdaWeights<'a>) -> Vec<kda_core::MatRef<'a>> {
-    let mut v = vec![w.q_proj, w.k_proj, w.v_proj, w.b_proj, w.o_proj];
-    for g in [&w.decay_proj, &w.output_gate] {
-        match g {
-            GateWeights::FullRank(m) => v.push(*m),
-            GateWeights::LowRank { down, up } => v.extend([*down, *up]),
-        }
-    }
-    v
-}
-
-/// Stored bytes of `d` (scales and zero points included).
-fn data_bytes(d: &Data<'_>) -> usize {
-    match d {
-        Data::F32(v) => 4 * v.len(),
-        Data::Bf16(v) => 2 * v.len(),
-        Data::F16(v) => 2 * v.len(),
-        Data::I8 { data, scales } => data.len() + 4 * scales.len(),
-        Data::Blocks(b) => b.bytes().len(),
-        Data::Groups(g) => g.matrix().stored_bytes(),
-    }
-}
-
 /// Multiply-adds of the weights per token: every matrix element once, and the short convs.
 fn macs(cfg: &KdaConfig, w: &KdaWeights<'_>) -> usize {
-    let mats: usize = matrices(w).iter().map(|m| m.rows() * m.cols()).sum();
+    let mats: usize = named_matrices(w)
+        .iter()
+        .map(|(_, m)| m.rows() * m.cols())
+        .sum();
     mats + 3 * cfg.proj_dim() * cfg.conv_width
 }
 

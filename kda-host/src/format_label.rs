@@ -1,7 +1,8 @@
-//! One-line descriptions of a weight matrix's storage format, for `kda inspect`.
+//! One-line descriptions of a weight matrix's storage format and its stored size, for `kda
+//! inspect` and `kda bench`.
 
 use kda_core::quant::Scales;
-use kda_core::Data;
+use kda_core::{Data, GateWeights, KdaWeights, MatRef};
 
 /// The storage format of `d`: `bf16`, `f32`, `f16`, `int8 per-row f32-scales`, a GGUF block
 /// type (`Q8_0`, `Q4_K`, …), or compressed-tensors groups (`int4 g32 sym bf16-scales`,
@@ -30,17 +31,53 @@ pub fn format_label(d: &Data<'_>) -> String {
 
 /// Stored bits per weight of `d`, scales and zero points included.
 pub fn bits_per_weight(d: &Data<'_>) -> f64 {
-    let n = d.len().max(1) as f64;
     match d {
         Data::F32(_) => 32.0,
         Data::Bf16(_) | Data::F16(_) => 16.0,
-        Data::I8 { data, scales } => (8 * data.len() + 32 * scales.len()) as f64 / n,
         Data::Blocks(b) => f64::from(b.format().bits_per_weight()),
         Data::Groups(g) => {
             let m = g.matrix();
             (8 * m.stored_bytes()) as f64 / (m.rows() * m.cols()).max(1) as f64
         }
+        Data::I8 { .. } => (8 * stored_bytes(d)) as f64 / d.len().max(1) as f64,
     }
+}
+
+/// Stored bytes of `d`, scales and zero points included (a group view: its whole matrix).
+pub fn stored_bytes(d: &Data<'_>) -> usize {
+    match d {
+        Data::F32(v) => 4 * v.len(),
+        Data::Bf16(v) => 2 * v.len(),
+        Data::F16(v) => 2 * v.len(),
+        Data::I8 { data, scales } => data.len() + 4 * scales.len(),
+        Data::Blocks(b) => b.bytes().len(),
+        Data::Groups(g) => g.matrix().stored_bytes(),
+    }
+}
+
+/// The matrices of a layer's weights by name, in checkpoint order: q, k, v, the decay gate's
+/// (`f_proj`, or `f_a_proj` and `f_b_proj`), the output gate's (`g_…`), `b_proj`, `o_proj`.
+pub fn named_matrices<'a>(w: &KdaWeights<'a>) -> Vec<(&'static str, MatRef<'a>)> {
+    let mut mats = vec![
+        ("q_proj", w.q_proj),
+        ("k_proj", w.k_proj),
+        ("v_proj", w.v_proj),
+    ];
+    for (g, names) in [
+        (&w.decay_proj, ["f_proj", "f_a_proj", "f_b_proj"]),
+        (&w.output_gate, ["g_proj", "g_a_proj", "g_b_proj"]),
+    ] {
+        match g {
+            GateWeights::FullRank(m) => mats.push((names[0], *m)),
+            GateWeights::LowRank { down, up } => {
+                mats.push((names[1], *down));
+                mats.push((names[2], *up));
+            }
+        }
+    }
+    mats.push(("b_proj", w.b_proj));
+    mats.push(("o_proj", w.o_proj));
+    mats
 }
 
 #[cfg(test)]

@@ -244,27 +244,9 @@ fn inspect(dir: &Path) -> Result<(), HostError> {
 
 /// One line per matrix of model layer `index`: name, shape, storage format, bits per weight.
 fn print_matrix_formats(model: &Model, index: usize) -> Result<(), HostError> {
-    use kda_host::format_label::{bits_per_weight, format_label};
+    use kda_host::format_label::{bits_per_weight, format_label, named_matrices};
     let (_, w) = model.weights(index)?;
-    let mut mats = vec![
-        ("q_proj", w.q_proj),
-        ("k_proj", w.k_proj),
-        ("v_proj", w.v_proj),
-    ];
-    for (g, names) in [
-        (&w.decay_proj, ["f_proj", "f_a_proj", "f_b_proj"]),
-        (&w.output_gate, ["g_proj", "g_a_proj", "g_b_proj"]),
-    ] {
-        match g {
-            kda_core::GateWeights::FullRank(m) => mats.push((names[0], *m)),
-            kda_core::GateWeights::LowRank { down, up } => {
-                mats.push((names[1], *down));
-                mats.push((names[2], *up));
-            }
-        }
-    }
-    mats.push(("b_proj", w.b_proj));
-    mats.push(("o_proj", w.o_proj));
+    let mats = named_matrices(&w);
     for (name, m) in mats {
         let d = m.data();
         println!(

@@ -415,19 +415,24 @@ impl Checkpoint {
         }
     }
 
+    /// The layer dimensions the config gives.
+    fn dims(&self) -> Dims {
+        let c = &self.config;
+        Dims {
+            hidden: c.hidden,
+            heads: c.heads,
+            head_dim: c.head_dim,
+            conv_width: c.conv_width,
+        }
+    }
+
     /// Loads model layer `layer` (0-based; must be a KDA layer).
     fn load_layer(&mut self, layer: usize) -> Result<ModelLayer> {
         self.config.check_kda_layer(layer)?;
         if let Some(index) = &self.gguf {
             return self.load_gguf_layer(index, layer);
         }
-        let c = &self.config;
-        let dims = Dims {
-            hidden: c.hidden,
-            heads: c.heads,
-            head_dim: c.head_dim,
-            conv_width: c.conv_width,
-        };
+        let dims = self.dims();
         let p = self.prefixes(layer);
         let qkv = [
             self.tensor(&p, "q_proj.weight", Role::ProjIn, &dims)?,

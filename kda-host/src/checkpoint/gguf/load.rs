@@ -259,23 +259,21 @@ impl Tensor<'_> {
     fn float(&self, dtype: FloatDtype, shape: Vec<usize>, used: usize) -> Result<WeightTensor> {
         let raw = self.raw().get(..used * dtype.size()).unwrap_or_default();
         let what = || format!("a copy of tensor `{}`", self.info.name);
-        let storage = if self.kind == KdaTensor::ALog {
-            Storage::Copied(FloatVec::F32(
-                self.a_log(FloatVec::decode(raw, dtype, what)?)?,
-            ))
+        let (storage, dtype) = if self.kind == KdaTensor::ALog {
+            let a_log = self.a_log(FloatVec::decode(raw, dtype, what)?)?;
+            (Storage::Copied(FloatVec::F32(a_log)), FloatDtype::F32)
         } else if view_in_place(raw, dtype).is_some() {
             let start = self.info.range.start;
-            Storage::InPlace {
-                file: self.file,
-                range: start..start + raw.len(),
-            }
+            let range = start..start + raw.len();
+            (
+                Storage::InPlace {
+                    file: self.file,
+                    range,
+                },
+                dtype,
+            )
         } else {
-            Storage::Copied(FloatVec::decode(raw, dtype, what)?)
-        };
-        let dtype = if self.kind == KdaTensor::ALog {
-            FloatDtype::F32
-        } else {
-            dtype
+            (Storage::Copied(FloatVec::decode(raw, dtype, what)?), dtype)
         };
         Ok(WeightTensor {
             name: self.info.name.clone(),
@@ -392,13 +390,7 @@ impl Checkpoint {
                 ),
             ));
         }
-        let c = &self.config;
-        let dims = Dims {
-            hidden: c.hidden,
-            heads: c.heads,
-            head_dim: c.head_dim,
-            conv_width: c.conv_width,
-        };
+        let dims = self.dims();
         let t = |kind, role| self.gguf_tensor(index, layer, kind, role, &dims);
         // In the file's order, so that the first error is the first bad tensor.
         let qkv = [
